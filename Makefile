@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make run` and `make test`. Both build the virtualenv
+# (.venv) from nothing on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint unit bench clean
+
+$(STAMP): pyproject.toml setup.py $(wildcard sdk/_proto/*.proto)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,rocksdb]'
+	@touch $@
+
+run: $(STAMP)
+	$(BIN)/statefun run module.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@# mypy sees the package as installed: statefun/ with sdk/, ingress/, egress/ inside it.
+	@rm -rf build/typecheck && mkdir -p build/typecheck/statefun
+	@for f in statefun/*; do ln -s "$(CURDIR)/$$f" build/typecheck/statefun/; done
+	@for d in sdk ingress egress; do ln -s "$(CURDIR)/$$d" build/typecheck/statefun/$$d; done
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p statefun
+
+test: lint
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info sdk/_proto/*_pb2.py

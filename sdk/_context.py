@@ -1,0 +1,189 @@
+"""The context a function receives: its address, caller, storage and ways to send."""
+
+from __future__ import annotations
+
+import abc
+from datetime import timedelta
+from typing import Any
+
+from statefun.sdk._messages import EgressMessage, Message
+from statefun.sdk._spec import SdkAddress
+from statefun.sdk._storage import AddressStorage
+from statefun.sdk._types import validate_typename
+
+__all__ = ["Context", "DelayedMessage", "InvocationContext"]
+
+
+class Context(abc.ABC):
+    """What a function can see and do during one invocation."""
+
+    __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> SdkAddress:
+        """The address of the function instance being invoked."""
+
+    @property
+    @abc.abstractmethod
+    def caller(self) -> SdkAddress | None:
+        """The address of the function that sent the message, or None if it came from an ingress."""
+
+    @property
+    @abc.abstractmethod
+    def storage(self) -> Any:
+        """The state of this address: one attribute per ValueSpec."""
+
+    @abc.abstractmethod
+    def send(self, message: Message) -> None:
+        """Send ``message`` to a function."""
+
+    @abc.abstractmethod
+    def send_after(
+        self, duration: timedelta, message: Message, cancellation_token: str = ""
+    ) -> None:
+        """Send ``message`` after ``duration``; a ``cancellation_token`` allows cancelling it."""
+
+    @abc.abstractmethod
+    def cancel_delayed_message(self, cancellation_token: str) -> None:
+        """Cancel the delayed message sent with ``cancellation_token`` (no-op if delivered)."""
+
+    @abc.abstractmethod
+    def send_egress(self, message: EgressMessage) -> None:
+        """Send ``message`` to an egress."""
+
+
+class DelayedMessage:
+    """A delayed message, or (``message`` is None) the cancellation of one by its token."""
+
+    __slots__ = ("cancellation_token", "delay_ms", "message")
+
+    def __init__(self, delay_ms: int, message: Message | None, cancellation_token: str) -> None:
+        self.delay_ms = delay_ms
+        self.message = message
+        self.cancellation_token = cancellation_token
+
+    @property
+    def is_cancellation(self) -> bool:
+        return self.message is None
+
+    def __repr__(self) -> str:
+        if self.message is None:
+            return f"DelayedMessage(cancel {self.cancellation_token!r})"
+        return f"DelayedMessage({self.delay_ms}ms, {self.message!r}, {self.cancellation_token!r})"
+
+
+# Typenames already checked by send(): checking costs more than a set lookup.
+_checked_typenames: set[str] = set()
+
+
+def _check_target(message: Any, what: str) -> None:
+    if not isinstance(message, Message):
+        raise TypeError(
+            f"{what} expects a Message (see message_builder), got {type(message).__name__}"
+        )
+    typename = message.target_typename
+    if typename not in _checked_typenames:
+        validate_typename(typename, "target typename")
+        if len(_checked_typenames) < 100_000:
+            _checked_typenames.add(typename)
+
+
+_UNRESOLVED: Any = object()
+
+
+class InvocationContext(Context):
+    """The context of one batch of invocations for one address; it collects the output.
+
+    The SDK's request-reply handler and the runtime's embedded dispatcher both use it: after
+    the batch, ``messages``, ``delayed`` and ``egress`` hold what the function sent, in order,
+    and the storage knows which state was written.
+    """
+
+    __slots__ = (
+        "_address",
+        "_caller",
+        "_caller_source",
+        "_storage",
+        "delayed",
+        "egress",
+        "messages",
+    )
+
+    def __init__(self, address: SdkAddress, storage: AddressStorage) -> None:
+        self._address = address
+        self._storage = storage
+        self._caller: SdkAddress | None = None
+        self._caller_source: Any = None
+        self.messages: list[Message] = []
+        self.delayed: list[DelayedMessage] = []
+        self.egress: list[EgressMessage] = []
+
+    @property
+    def address(self) -> SdkAddress:
+        return self._address
+
+    @property
+    def storage(self) -> Any:
+        return self._storage
+
+    @property
+    def caller(self) -> SdkAddress | None:
+        caller = self._caller
+        if caller is _UNRESOLVED:
+            caller = self._caller = address_from_pb(self._caller_source.caller)
+        return caller
+
+    def set_caller(self, caller: SdkAddress | None) -> None:
+        self._caller = caller
+
+    def set_caller_from_pb(self, invocation: Any) -> None:
+        """Take the caller from a protobuf ToFunction.Invocation when (if) it is asked for."""
+        self._caller = _UNRESOLVED
+        self._caller_source = invocation
+
+    def send(self, message: Message) -> None:
+        _check_target(message, "send()")
+        self.messages.append(message)
+
+    def send_after(
+        self, duration: timedelta, message: Message, cancellation_token: str = ""
+    ) -> None:
+        if not isinstance(duration, timedelta):
+            raise TypeError(
+                f"send_after() expects a datetime.timedelta, got {type(duration).__name__}"
+            )
+        delay_ms = int(duration.total_seconds() * 1000.0)
+        if delay_ms < 0:
+            raise ValueError(f"send_after() needs a delay of at least 0, got {duration}")
+        _check_target(message, "send_after()")
+        if cancellation_token is None:
+            cancellation_token = ""
+        elif not isinstance(cancellation_token, str):
+            raise TypeError("a cancellation token must be a str")
+        self.delayed.append(DelayedMessage(delay_ms, message, cancellation_token))
+
+    def cancel_delayed_message(self, cancellation_token: str) -> None:
+        if not cancellation_token or not isinstance(cancellation_token, str):
+            raise ValueError("cancel_delayed_message() needs a non-empty cancellation token")
+        self.delayed.append(DelayedMessage(0, None, cancellation_token))
+
+    def send_egress(self, message: EgressMessage) -> None:
+        if not isinstance(message, EgressMessage):
+            raise TypeError(
+                "send_egress() expects an EgressMessage (see kafka_egress_message, "
+                f"egress_message_builder), got {type(message).__name__}"
+            )
+        typename = message.typename
+        if typename not in _checked_typenames:
+            validate_typename(typename, "egress typename")
+            _checked_typenames.add(typename)
+        self.egress.append(message)
+
+
+def address_from_pb(pb: Any) -> SdkAddress | None:
+    """An SdkAddress from a protobuf Address, or None for an empty (absent) one."""
+    namespace, name, id_ = pb.namespace, pb.type, pb.id
+    if not namespace and not name and not id_:
+        return None
+    return SdkAddress(namespace, name, id_, f"{namespace}/{name}")

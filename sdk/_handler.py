@@ -1,0 +1,125 @@
+"""The request-reply protocol handler: bytes in, bytes out, no I/O.
+
+``RequestReplyHandler(functions).handle_async(request)`` decodes a ToFunction, resolves the
+state of the target address, runs the batch through the function in order, and returns the
+encoded FromFunction. It is what an HTTP server (see ``serve``) wraps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from statefun.sdk._context import InvocationContext
+from statefun.sdk._functions import StatefulFunction, StatefulFunctions
+from statefun.sdk._messages import Message
+from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.sdk._spec import SdkAddress
+from statefun.sdk._storage import storage_mutations
+from statefun.sdk._wire import encode_incomplete_context, encode_invocation_response
+
+from statefun._exceptions import MalformedRequestError
+
+__all__ = ["RequestReplyHandler"]
+
+_FromString = pb.ToFunction.FromString
+
+
+class _Batch:
+    __slots__ = ("context", "function", "invocations", "target")
+
+    def __init__(
+        self,
+        function: StatefulFunction,
+        target: SdkAddress,
+        context: InvocationContext,
+        invocations: Any,
+    ) -> None:
+        self.function = function
+        self.target = target
+        self.context = context
+        self.invocations = invocations
+
+
+class RequestReplyHandler:
+    """Serves the functions of a StatefulFunctions over StateFun's request-reply protocol v3."""
+
+    __slots__ = ("functions",)
+
+    def __init__(self, functions: StatefulFunctions) -> None:
+        if functions is None:
+            raise ValueError("functions must be provided")
+        if not isinstance(functions, StatefulFunctions):
+            raise TypeError(f"expected a StatefulFunctions, got {type(functions).__name__}")
+        self.functions = functions
+
+    def handle_sync(self, request_bytes: bytes | bytearray | memoryview) -> bytes:
+        """Handle one request. Async functions are run to completion in a new event loop."""
+        batch = self._prepare(request_bytes)
+        if isinstance(batch, bytes):
+            return batch
+        if batch.function.is_async:
+            return asyncio.run(self._run_async(batch))
+        return self._run_sync(batch)
+
+    async def handle_async(self, request_bytes: bytes | bytearray | memoryview) -> bytes:
+        """Handle one request inside the running event loop."""
+        batch = self._prepare(request_bytes)
+        if isinstance(batch, bytes):
+            return batch
+        if batch.function.is_async:
+            return await self._run_async(batch)
+        return self._run_sync(batch)
+
+    # -- the three steps -------------------------------------------------------------------
+
+    def _prepare(self, request_bytes: bytes | bytearray | memoryview) -> _Batch | bytes:
+        try:
+            request = _FromString(bytes(request_bytes))
+        except (DecodeError, TypeError) as exc:
+            raise MalformedRequestError(f"the body is not a ToFunction message: {exc}") from None
+        if not request.HasField("invocation"):
+            raise MalformedRequestError("the ToFunction message holds no invocation batch")
+        batch = request.invocation
+        target = batch.target
+        namespace, name, id_ = target.namespace, target.type, target.id
+        if not namespace or not name:
+            raise MalformedRequestError("the invocation batch has no target function type")
+        typename = f"{namespace}/{name}"
+        function = self.functions.for_typename(typename)
+        values = {state.state_name: state.state_value for state in batch.state}
+        missing = [spec for spec in function.specs if spec.name not in values]
+        if missing:
+            return encode_incomplete_context(missing)
+        address = SdkAddress(namespace, name, id_, typename)
+        context = InvocationContext(address, function.storage_class(typename, values))
+        return _Batch(function, address, context, batch.invocations)
+
+    @staticmethod
+    def _run_sync(batch: _Batch) -> bytes:
+        context = batch.context
+        fun = batch.function.fun
+        typename, id_ = batch.target.typename, batch.target.id
+        set_caller = context.set_caller_from_pb
+        for invocation in batch.invocations:
+            set_caller(invocation)
+            fun(context, Message(typename, id_, invocation.argument))
+        return _finish(context)
+
+    @staticmethod
+    async def _run_async(batch: _Batch) -> bytes:
+        context = batch.context
+        fun = batch.function.fun
+        typename, id_ = batch.target.typename, batch.target.id
+        set_caller = context.set_caller_from_pb
+        for invocation in batch.invocations:
+            set_caller(invocation)
+            await fun(context, Message(typename, id_, invocation.argument))
+        return _finish(context)
+
+
+def _finish(context: InvocationContext) -> bytes:
+    return encode_invocation_response(
+        storage_mutations(context.storage), context.messages, context.delayed, context.egress
+    )

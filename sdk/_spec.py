@@ -1,0 +1,84 @@
+"""Addresses and state specifications, validated when they are made."""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+from datetime import timedelta
+
+from statefun.sdk._types import Type
+
+from statefun._exceptions import InvalidSpecError
+
+__all__ = ["SdkAddress", "ValueSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class SdkAddress:
+    """The address of a function instance: ``namespace/name`` plus an ``id``."""
+
+    namespace: str
+    name: str
+    id: str
+    typename: str
+
+
+class ValueSpec:
+    """One named, typed state value of a function, with an optional expiration (TTL).
+
+    ``name`` is a lower-case Python identifier (it becomes an attribute of
+    ``context.storage``). ``expire_after_call`` expires the value when the function was not
+    called for that long; ``expire_after_write``, when the value was not written for that long.
+    """
+
+    __slots__ = ("after_call", "after_write", "duration", "name", "type")
+
+    def __init__(
+        self,
+        name: str,
+        type: Type,
+        expire_after_call: timedelta | None = None,
+        expire_after_write: timedelta | None = None,
+    ) -> None:
+        if not name:
+            raise InvalidSpecError("a ValueSpec needs a name")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidSpecError(
+                f"invalid state name {name!r}: use letters, digits and underscores, "
+                "not starting with a digit"
+            )
+        if keyword.iskeyword(name):
+            raise InvalidSpecError(
+                f"invalid state name {name!r}: a Python keyword cannot be an attribute of "
+                "context.storage"
+            )
+        if not name.islower():
+            raise InvalidSpecError(
+                f"invalid state name {name!r}: only lower case names are allowed"
+            )
+        if type is None:
+            raise InvalidSpecError(f"state {name!r}: the type is missing")
+        if not isinstance(type, Type):
+            raise InvalidSpecError(f"state {name!r}: {type!r} is not a statefun Type")
+        if expire_after_call and expire_after_write:
+            raise InvalidSpecError(
+                f"state {name!r}: set expire_after_call or expire_after_write, not both"
+            )
+        ttl = expire_after_call or expire_after_write
+        if ttl is not None and not isinstance(ttl, timedelta):
+            raise InvalidSpecError(f"state {name!r}: an expiration must be a datetime.timedelta")
+        self.name = name
+        self.type = type
+        self.duration = int(ttl.total_seconds() * 1000.0) if ttl else 0
+        if ttl is not None and self.duration <= 0:
+            raise InvalidSpecError(f"state {name!r}: an expiration must be at least 1 ms")
+        self.after_call = bool(expire_after_call)
+        self.after_write = bool(expire_after_write)
+
+    def __repr__(self) -> str:
+        ttl = ""
+        if self.after_call:
+            ttl = f", expire_after_call={self.duration}ms"
+        elif self.after_write:
+            ttl = f", expire_after_write={self.duration}ms"
+        return f"ValueSpec({self.name!r}, {self.type.typename!r}{ttl})"

@@ -1,0 +1,116 @@
+"""Address-scoped storage: the object behind ``context.storage``.
+
+For every registered function a storage class is generated once, with one property per
+ValueSpec, so ``context.storage.count`` is a plain attribute access. A batch starts from the
+typed values the runtime sent; reads decode lazily (immutable built-in values are decoded once
+per batch), writes encode at once (a bad value fails where it is assigned), and only the names
+that were written or deleted are reported back as mutations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from statefun.sdk._spec import ValueSpec
+from statefun.sdk._types import IMMUTABLE_TYPES, TypedValue
+
+from statefun._exceptions import InvalidSpecError, StateTypeMismatchError
+
+__all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
+
+_MISSING: Any = object()
+
+
+class AddressStorage:
+    """Base of the generated storage classes. Its state is private to the SDK and runtime."""
+
+    __slots__ = ("_cache", "_dirty", "_typename", "_values")
+
+    #: The ValueSpecs of the function, by name (set on each generated subclass).
+    _specs: Mapping[str, ValueSpec] = {}
+
+    def __init__(self, typename: str, values: dict[str, Any]) -> None:
+        # values: state name -> typed value (anything with typename/has_value/value) or None
+        self._typename = typename
+        self._values = values
+        self._cache: dict[str, Any] = {}
+        self._dirty: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when no property of that name exists.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{name!r} is not a registered ValueSpec of function {self._typename!r}; "
+            f"registered: {sorted(self._specs) or 'none'}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<storage of {self._typename} {sorted(self._specs)}>"
+
+
+def _make_property(spec: ValueSpec) -> property:
+    name = spec.name
+    typename = spec.type.typename
+    serializer = spec.type.serializer()
+    serialize = serializer.serialize
+    deserialize = serializer.deserialize
+    cacheable = spec.type in IMMUTABLE_TYPES
+
+    def fget(self: AddressStorage) -> Any:
+        value = self._cache.get(name, _MISSING)
+        if value is not _MISSING:
+            return value
+        typed = self._values.get(name)
+        if typed is None or not typed.has_value:
+            value = None
+        elif typed.typename != typename:
+            raise StateTypeMismatchError(
+                f"state {name!r} of {self._typename!r} holds a value of type "
+                f"{typed.typename!r}, but its ValueSpec declares {typename!r}"
+            )
+        else:
+            value = deserialize(typed.value)
+        if cacheable or value is None:
+            self._cache[name] = value
+        return value
+
+    def fset(self: AddressStorage, value: Any) -> None:
+        if value is None:
+            raise ValueError(f"state {name!r}: cannot store None; use `del context.storage.{name}`")
+        self._values[name] = TypedValue(typename, serialize(value))
+        if cacheable:
+            self._cache[name] = value
+        else:
+            self._cache.pop(name, None)
+        if name not in self._dirty:
+            self._dirty.append(name)
+
+    def fdel(self: AddressStorage) -> None:
+        self._values[name] = None
+        self._cache[name] = None
+        if name not in self._dirty:
+            self._dirty.append(name)
+
+    return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
+
+
+def make_storage_class(typename: str, specs: list[ValueSpec]) -> type[AddressStorage]:
+    """Generate the storage class of one function from its ValueSpecs."""
+    namespace: dict[str, Any] = {"__slots__": (), "_specs": {s.name: s for s in specs}}
+    for spec in specs:
+        if hasattr(AddressStorage, spec.name):
+            raise InvalidSpecError(
+                f"function {typename!r}: state name {spec.name!r} is reserved by the storage object"
+            )
+        if spec.name in namespace:
+            raise InvalidSpecError(f"function {typename!r}: state {spec.name!r} is declared twice")
+        namespace[spec.name] = _make_property(spec)
+    return type(f"Storage[{typename}]", (AddressStorage,), namespace)
+
+
+def storage_mutations(storage: AddressStorage) -> list[tuple[str, TypedValue | None]]:
+    """(name, new typed value, or None if deleted) of every state written in the batch."""
+    values = storage._values
+    return [(name, values[name]) for name in storage._dirty]

@@ -1,0 +1,1 @@
+"""Helpers for tests and local development (real services, not mocks)."""

@@ -1,0 +1,1 @@
+"""Shared fixtures. Real services (Kafka broker, peer SDK virtualenvs) start once per session."""

@@ -1,0 +1,59 @@
+"""Pins the public surface: what `from statefun import *` and `statefun.sdk` give."""
+
+import statefun
+import statefun.sdk
+
+# The names of Apache StateFun's Python SDK 3.3 (statefun/__init__.py of apache-flink-statefun).
+OFFICIAL_SDK_NAMES = {
+    "TypeSerializer",
+    "Type",
+    "simple_type",
+    "ValueSpec",
+    "SdkAddress",
+    "BoolType",
+    "IntType",
+    "FloatType",
+    "DoubleType",
+    "LongType",
+    "StringType",
+    "Message",
+    "EgressMessage",
+    "message_builder",
+    "egress_message_builder",
+    "kafka_egress_message",
+    "kinesis_egress_message",
+    "Context",
+    "StatefulFunctions",
+    "RequestReplyHandler",
+    "make_protobuf_type",
+    "make_json_type",
+}
+
+ERRORS = {
+    "ConfigurationError",
+    "FunctionInvocationError",
+    "ModuleError",
+    "ProtocolError",
+    "RetryableFunctionError",
+    "StatefunError",
+    "TerminalFunctionError",
+    "exceptions",
+}
+
+
+def test_star_import_is_the_official_sdk_surface_plus_errors() -> None:
+    assert set(statefun.__all__) == OFFICIAL_SDK_NAMES | ERRORS
+    for name in statefun.__all__:
+        assert getattr(statefun, name) is not None
+
+
+def test_sdk_surface() -> None:
+    assert OFFICIAL_SDK_NAMES <= set(statefun.sdk.__all__)
+    for name in statefun.sdk.__all__:
+        assert getattr(statefun.sdk, name) is not None
+
+
+def test_star_import_namespace() -> None:
+    namespace: dict[str, object] = {}
+    exec("from statefun import *", namespace)
+    assert OFFICIAL_SDK_NAMES <= set(namespace)
