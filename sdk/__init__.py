@@ -3,6 +3,17 @@
 Code written for Apache StateFun's Python SDK 3.x runs unchanged against these names.
 """
 
+from typing import TYPE_CHECKING
+
+from statefun._exceptions import (
+    InvalidFunctionError,
+    InvalidSpecError,
+    InvalidTypeNameError,
+    MalformedRequestError,
+    StatefunError,
+    StateTypeMismatchError,
+    UnknownFunctionError,
+)
 from statefun.sdk._context import Context
 from statefun.sdk._functions import StatefulFunction, StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
@@ -28,16 +39,6 @@ from statefun.sdk._types import (
     make_json_type,
     make_protobuf_type,
     simple_type,
-)
-
-from statefun._exceptions import (
-    InvalidFunctionError,
-    InvalidSpecError,
-    InvalidTypeNameError,
-    MalformedRequestError,
-    StatefunError,
-    StateTypeMismatchError,
-    UnknownFunctionError,
 )
 
 __all__ = [
@@ -68,18 +69,25 @@ __all__ = [
     "egress_message_builder",
     "kafka_egress_message",
     "kinesis_egress_message",
+    "make_app",
     "make_json_type",
     "make_protobuf_type",
     "message_builder",
     "serve",
     "simple_type",
+    "start_server",
 ]
+
+if TYPE_CHECKING:
+    from statefun.sdk._serve import make_app, serve, start_server
+
+# HTTP serving needs aiohttp: it is imported on first use, never by `import statefun`.
+_SERVING = ("make_app", "serve", "start_server")
 
 
 def __getattr__(name: str) -> object:
-    # serve() needs aiohttp; import it only when asked for.
-    if name == "serve":
-        from statefun.sdk._serve import serve
+    if name in _SERVING:
+        from statefun.sdk import _serve
 
-        return serve
+        return getattr(_serve, name)
     raise AttributeError(f"module 'statefun.sdk' has no attribute {name!r}")

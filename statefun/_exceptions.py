@@ -13,9 +13,10 @@ The tree::
     │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
     ├── UnknownFunctionError           no function registered for a typename (also LookupError)
     ├── StateTypeMismatchError         stored state has another typename (also TypeError)
-    └── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
-        ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
-        └── TerminalFunctionError      retrying cannot help: the function itself is wrong
+    ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
+    │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
+    │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
+    └── JobFailedError                 the job stopped because of an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
 Apache StateFun's SDK would catch (ValueError, TypeError, LookupError), so such code keeps working.
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidFunctionError",
     "InvalidSpecError",
     "InvalidTypeNameError",
+    "JobFailedError",
     "MalformedRequestError",
     "MalformedResponseError",
     "ModuleError",
@@ -107,3 +109,7 @@ class TerminalFunctionError(FunctionInvocationError):
     """A failure that retrying cannot fix (the function rejects the input, bad response...)."""
 
     retryable = False
+
+
+class JobFailedError(StatefunError):
+    """The job stopped because of an error; the original error is its ``__cause__``."""

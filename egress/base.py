@@ -1,0 +1,105 @@
+"""The egress (sink) interface, and how a typed value is shown to people.
+
+A sink receives records from the dispatchers with ``write`` (never blocking the event loop)
+and persists or publishes them in ``flush``. Transactional sinks (files, Kafka) will also take
+part in checkpoints; the hooks are here so that every sink has the same shape.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import json
+from typing import Any
+
+from statefun.sdk._proto import egress_pb2
+from statefun.sdk._types import (
+    BoolType,
+    DoubleType,
+    FloatType,
+    IntType,
+    LongType,
+    StringType,
+)
+
+__all__ = ["EgressRecord", "Sink", "describe_typed_value"]
+
+_BUILTIN = {t.typename: t for t in (BoolType, IntType, LongType, FloatType, DoubleType, StringType)}
+_KAFKA = "type.googleapis.com/io.statefun.sdk.egress.KafkaProducerRecord"
+_KINESIS = "type.googleapis.com/io.statefun.sdk.egress.KinesisEgressRecord"
+
+
+class EgressRecord:
+    """One record for an egress: the egress id and the typed value a function sent."""
+
+    __slots__ = ("egress", "value")
+
+    def __init__(self, egress: str, value: Any) -> None:
+        self.egress = egress
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"EgressRecord({self.egress!r}, {self.value!r})"
+
+
+def _bytes_for_people(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def describe_typed_value(typed: Any) -> dict[str, Any]:
+    """A JSON-able view of a typed value: built-in types and Kafka/Kinesis records decoded."""
+    typename = str(typed.typename)
+    if not typed.has_value:
+        return {"typename": typename, "value": None}
+    data = bytes(typed.value)
+    builtin = _BUILTIN.get(typename)
+    if builtin is not None:
+        value = builtin.serializer().deserialize(data)
+        if isinstance(value, float) and value != value:  # NaN is not JSON
+            value = str(value)
+        return {"typename": typename, "value": value}
+    if typename == _KAFKA:
+        record = egress_pb2.KafkaProducerRecord.FromString(data)
+        return {
+            "typename": typename,
+            "topic": record.topic,
+            "key": record.key,
+            "value": _bytes_for_people(record.value_bytes),
+        }
+    if typename == _KINESIS:
+        kinesis = egress_pb2.KinesisEgressRecord.FromString(data)
+        return {
+            "typename": typename,
+            "stream": kinesis.stream,
+            "partition_key": kinesis.partition_key,
+            "value": _bytes_for_people(kinesis.value_bytes),
+        }
+    return {"typename": typename, "value": _bytes_for_people(data)}
+
+
+class Sink(abc.ABC):
+    """An egress. ``write`` is synchronous and cheap; ``flush`` makes writes durable."""
+
+    def __init__(self, egress_id: str) -> None:
+        self.egress_id = egress_id
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections or files."""
+
+    @abc.abstractmethod
+    def write(self, record: EgressRecord) -> None:
+        """Accept a record (buffered; must not block the event loop)."""
+
+    async def flush(self) -> None:  # noqa: B027 - optional hook
+        """Push buffered records out."""
+
+    async def close(self) -> None:
+        """Flush and release resources."""
+        await self.flush()

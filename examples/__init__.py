@@ -1,0 +1,1 @@
+"""Example functions; import targets such as ``examples.greeter.functions:functions``."""

@@ -1,0 +1,1 @@
+"""The greeter example: see README.md beside this file."""

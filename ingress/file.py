@@ -1,0 +1,79 @@
+"""``io.pystatefun.file.v1/ingress``: messages from a JSON lines file.
+
+Each line is an object: ``{"target": "namespace/type", "id": "...", "value": ...}`` with an
+optional ``"type"`` (a typename) or ``"value_base64"`` for raw bytes; see docs/module-yaml.md.
+A line that cannot become a message is logged with its file and line number and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+from statefun.ingress._records import RecordError, typed_value_from_record
+from statefun.ingress.base import IngressContext, Source
+from statefun.sdk._types import validate_typename
+
+__all__ = ["FileSource"]
+
+log = logging.getLogger(__name__)
+
+
+class FileSource(Source):
+    bounded = True
+
+    def __init__(self, ingress_id: str, path: Path) -> None:
+        super().__init__(ingress_id)
+        self.path = Path(path)
+        self.position = 0  # lines consumed: the replay position for checkpoints
+        self.rejected = 0
+
+    async def start(self) -> None:
+        if not self.path.is_file():
+            raise FileNotFoundError(f"ingress {self.ingress_id}: no such file {self.path}")
+
+    async def run(self, context: IngressContext) -> None:
+        lines = await asyncio.to_thread(self._read_lines)
+        for number, line in enumerate(lines, start=1):
+            if number <= self.position:
+                continue
+            self.position = number
+            if not line.strip():
+                continue
+            try:
+                typename, id_, value = self._parse(line, context)
+            except RecordError as exc:
+                self.rejected += 1
+                log.error(
+                    "ingress %s: %s line %d skipped: %s", self.ingress_id, self.path, number, exc
+                )
+                continue
+            await context.submit(typename, id_, value)
+
+    def _read_lines(self) -> list[str]:
+        with self.path.open(encoding="utf-8") as source:
+            return source.readlines()
+
+    @staticmethod
+    def _parse(line: str, context: IngressContext) -> tuple[str, str, object]:
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise RecordError(f"not JSON: {exc}") from None
+        if not isinstance(record, dict):
+            raise RecordError("a line must be a JSON object")
+        target = record.get("target")
+        id_ = record.get("id")
+        if not isinstance(target, str):
+            raise RecordError("'target' (a function typename 'namespace/type') is missing")
+        try:
+            validate_typename(target, "target")
+        except ValueError as exc:
+            raise RecordError(str(exc)) from None
+        if not context.is_function_type(target):
+            raise RecordError(f"no function type {target!r} in the module")
+        if not isinstance(id_, str) or not id_:
+            raise RecordError("'id' (a non-empty string) is missing")
+        return target, id_, typed_value_from_record(record)

@@ -1,0 +1,261 @@
+"""The ``statefun`` command line.
+
+Every subcommand is one ``Command``: a name, a one-line help, a function that adds its
+arguments to its parser and a function that runs it and returns the exit code. Add one by
+writing the two functions and appending a ``Command`` to ``COMMANDS``.
+
+Exit codes: 0 success, 1 failure while running, 2 wrong usage (arguments, a bad TARGET),
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["COMMANDS", "Command", "UsageError", "main"]
+
+log = logging.getLogger("statefun.cli")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%H:%M:%S"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot work; exit code 2, one-line message."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _say(text: str) -> None:
+    """User-facing output of a command (stdout)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _complain(command: str, text: str) -> None:
+    """A one-line error message for the user (stderr)."""
+    prefix = f"statefun {command}" if command else "statefun"
+    sys.stderr.write(f"{prefix}: error: {text}\n")
+    sys.stderr.flush()
+
+
+# -- shared argument helpers ---------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def byte_size(text: str) -> int:
+    """A positive number of bytes: ``1048576``, ``512k``, ``32MiB``, ``1g`` (binary units)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 1048576, 32MiB)")
+    size = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    if size <= 0:
+        raise argparse.ArgumentTypeError("the size must be positive")
+    return size
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 0-65535")
+    return port
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError("the number of seconds must be 0 or more")
+    return seconds
+
+
+def load_object(target: str) -> Any:
+    """The object named by ``package.module:attribute`` (the current directory is importable).
+
+    UsageError with a one-line message if the module cannot be found or imported or has no
+    such attribute.
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"TARGET {target!r} must look like package.module:attribute")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing == module_name or module_name.startswith(missing + "."):
+            raise UsageError(
+                f"module {module_name!r} not found (looked in {cwd} and on sys.path)"
+            ) from None
+        log.debug("importing %s failed", module_name, exc_info=True)
+        raise UsageError(_import_failure(module_name, exc)) from None
+    except Exception as exc:
+        log.debug("importing %s failed", module_name, exc_info=True)
+        raise UsageError(_import_failure(module_name, exc)) from None
+    obj: Any = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    return obj
+
+
+def _import_failure(module_name: str, exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    kind = type(exc).__name__
+    detail = f"{kind}: {message}" if message else kind
+    return f"importing {module_name!r} failed: {detail} (--log-level debug shows the traceback)"
+
+
+# -- statefun serve ------------------------------------------------------------------------
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="TARGET",
+        help="package.module:attribute naming a StatefulFunctions or a RequestReplyHandler",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=port_number, default=8000, help="0 picks a free port (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--path", default="/statefun", help="URL path of the functions (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-body-size",
+        type=byte_size,
+        default=None,
+        metavar="BYTES",
+        help="largest request body accepted, e.g. 1048576 or 32MiB (default: 32MiB)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long in-flight requests may still run (default: 30)",
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from statefun import RequestReplyHandler, StatefulFunctions
+    from statefun.sdk import _serve
+
+    target = load_object(args.target)
+    if not isinstance(target, (StatefulFunctions, RequestReplyHandler)):
+        raise UsageError(
+            f"{args.target!r} is a {type(target).__name__}, "
+            "expected a StatefulFunctions or a RequestReplyHandler"
+        )
+    if not args.path.startswith("/") or args.path == _serve.HEALTH_PATH:
+        raise UsageError(f"--path must start with '/' and not be {_serve.HEALTH_PATH}")
+    options: dict[str, Any] = {}
+    if args.max_body_size is not None:
+        options["max_body_bytes"] = args.max_body_size
+    if args.shutdown_timeout is not None:
+        options["shutdown_timeout"] = args.shutdown_timeout
+    try:
+        _serve.serve(target, args.host, args.port, args.path, **options)
+    except OSError as exc:
+        _complain("serve", f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return 1
+    return 0
+
+
+# -- the registry and main -----------------------------------------------------------------
+
+COMMANDS: list[Command] = [
+    Command(
+        "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
+    ),
+]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    # --log-level works before and after the subcommand; SUPPRESS keeps the subcommand's
+    # parser from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="log level (default: info)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="statefun",
+        description="Stateful functions in Python, compatible with Apache Flink StateFun.",
+        parents=[common],
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subparsers.add_parser(
+            command.name, help=command.help, description=command.help, parents=[common]
+        )
+        command.add_arguments(sub)
+        sub.set_defaults(_command=command)
+    return parser
+
+
+def _configure_logging(level_name: str) -> None:
+    level = getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
+    if level > logging.DEBUG:
+        # One line per HTTP request is too much unless debugging.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or wrong arguments (argparse printed why)
+        return exc.code if isinstance(exc.code, int) else 2
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    _configure_logging(getattr(args, "log_level", "info"))
+    try:
+        return command.run(args)
+    except UsageError as exc:
+        _complain(command.name, str(exc))
+        return 2
+    except KeyboardInterrupt:
+        _complain(command.name, "interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

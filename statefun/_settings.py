@@ -1,0 +1,136 @@
+"""Runtime settings: declared once, typed, with defaults and what each one means.
+
+Every setting can come from the command line (``statefun run --set name=value``) or from an
+environment variable ``PYSTATEFUN_<NAME>`` (upper case); the command line wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from statefun._exceptions import ConfigurationError
+
+__all__ = ["Settings"]
+
+RemoteFailurePolicy = Literal["fail", "dead-letter"]
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All tunables of one runtime process."""
+
+    parallelism: int = field(default=2, metadata=_doc("number of dispatcher subtasks"))
+    max_parallelism: int = field(
+        default=128,
+        metadata=_doc("number of key groups; the upper bound of parallelism after a rescale"),
+    )
+    max_in_flight_messages: int = field(
+        default=100_000,
+        metadata=_doc(
+            "messages inside the runtime (mailboxes, feedback, in-flight batches) above which "
+            "ingresses wait (backpressure)"
+        ),
+    )
+    dispatcher_slice: int = field(
+        default=512, metadata=_doc("messages a dispatcher handles before yielding to the loop")
+    )
+    remote_max_connections: int = field(
+        default=256, metadata=_doc("connections in the pooled HTTP client for remote functions")
+    )
+    remote_retry_initial_backoff_ms: int = field(
+        default=50, metadata=_doc("first delay before retrying a failed remote call")
+    )
+    remote_retry_max_backoff_ms: int = field(
+        default=5_000, metadata=_doc("largest delay between retries of a remote call")
+    )
+    remote_failure_policy: RemoteFailurePolicy = field(
+        default="fail",
+        metadata=_doc(
+            "what happens when a remote call still fails at its call timeout: 'fail' stops the "
+            "job with the error (restarted from the last checkpoint where checkpoints are on); "
+            "'dead-letter' logs the batch and writes it to the dead-letter file, then goes on"
+        ),
+    )
+    dead_letter_path: str = field(
+        default="dead-letters.jsonl",
+        metadata=_doc("JSON lines file for messages that could not be delivered"),
+    )
+    max_response_bytes: int = field(
+        default=64 << 20, metadata=_doc("largest response body accepted from a remote function")
+    )
+
+    def __post_init__(self) -> None:
+        if self.parallelism < 1:
+            raise ConfigurationError(f"parallelism must be at least 1, got {self.parallelism}")
+        if self.max_parallelism < self.parallelism:
+            raise ConfigurationError(
+                f"max_parallelism ({self.max_parallelism}) must be at least parallelism "
+                f"({self.parallelism})"
+            )
+        if self.max_parallelism > 32768:
+            raise ConfigurationError("max_parallelism can be at most 32768")
+        if self.max_in_flight_messages < 1:
+            raise ConfigurationError("max_in_flight_messages must be at least 1")
+        if self.remote_failure_policy not in ("fail", "dead-letter"):
+            raise ConfigurationError(
+                f"remote_failure_policy must be 'fail' or 'dead-letter', "
+                f"got {self.remote_failure_policy!r}"
+            )
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, Any]]:
+        """(name, doc, default) of every setting, for the CLI and the docs."""
+        return [(f.name, f.metadata.get("doc", ""), f.default) for f in fields(cls)]
+
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Defaults, then ``PYSTATEFUN_*`` environment variables, then ``overrides``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        known = {f.name: f for f in fields(cls)}
+        for name, f in known.items():
+            raw = environ.get(f"PYSTATEFUN_{name.upper()}")
+            if raw is not None:
+                values[name] = _convert(name, f, raw)
+        for name, raw in (overrides or {}).items():
+            key = name.replace("-", "_")
+            if key not in known:
+                raise ConfigurationError(
+                    f"unknown setting {name!r}; known settings: {', '.join(sorted(known))}"
+                )
+            values[key] = _convert(key, known[key], raw)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _convert(name: str, f: dataclasses.Field[Any], raw: str) -> Any:
+    default = f.default
+    if isinstance(default, bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(f"setting {name}: expected true or false, got {raw!r}")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigurationError(f"setting {name}: expected an integer, got {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigurationError(f"setting {name}: expected a number, got {raw!r}") from None
+    return raw

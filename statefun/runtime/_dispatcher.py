@@ -1,0 +1,457 @@
+"""Dispatcher subtasks: per-address mailboxes, function invocation, applying the results.
+
+A dispatcher owns a contiguous range of key groups. Messages arrive in its inbox in order.
+
+* An embedded synchronous function is called at once, in inbox order: that is already one
+  invocation at a time per address, with no protobuf and no copy of state beyond a small dict.
+* A remote function (and an embedded async one) has at most one batch in flight per address.
+  Messages that arrive meanwhile wait in the address's mailbox and form the next batch, up to
+  the endpoint's ``maxNumBatchRequests``. All registered state of the address goes with each
+  batch; an IncompleteInvocationContext registers the missing specs and the batch is retried.
+
+The results of an invocation are applied in one step: state, then outgoing messages through
+the feedback channel (back to keyBy), delayed messages and cancellations to the timer service,
+egress records to the sinks. A failed batch changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from statefun._exceptions import (
+    FunctionInvocationError,
+    MalformedResponseError,
+    TerminalFunctionError,
+)
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import (
+    TTL_AFTER_CALL,
+    TTL_AFTER_WRITE,
+    EmbeddedFunction,
+    RemoteFunction,
+    StateSpec,
+)
+from statefun.runtime._remote import decode_from_function, encode_to_function
+from statefun.runtime._timers import now_ms
+from statefun.sdk._context import InvocationContext
+from statefun.sdk._messages import Message
+from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.sdk._spec import SdkAddress
+from statefun.sdk._types import TypedValue
+from statefun.state.base import AddressKey, StateValues
+
+if TYPE_CHECKING:
+    from statefun.runtime._job import Job
+
+__all__ = ["Dispatcher", "ExpiringValue"]
+
+log = logging.getLogger(__name__)
+
+_MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
+_MAX_SPEC_ROUNDS = 3
+
+
+class ExpiringValue:
+    """A state value with an expiration deadline (ms since the epoch); reads like a TypedValue."""
+
+    __slots__ = ("deadline_ms", "has_value", "typename", "value")
+
+    def __init__(self, typed: Any, deadline_ms: int) -> None:
+        self.typename = typed.typename
+        self.has_value = typed.has_value
+        self.value = typed.value
+        self.deadline_ms = deadline_ms
+
+    def __repr__(self) -> str:
+        return f"ExpiringValue({self.typename!r}, {self.value!r}, until={self.deadline_ms})"
+
+
+def _live_values(stored: StateValues | None, now: int) -> dict[str, Any]:
+    """A copy of ``stored`` without the values whose expiration has passed."""
+    if not stored:
+        return {}
+    return {
+        k: v for k, v in stored.items() if not (type(v) is ExpiringValue and v.deadline_ms <= now)
+    }
+
+
+def _with_deadlines(
+    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
+) -> dict[str, Any]:
+    """Set the expiration of each TTL state: after a write, or after any call."""
+    for name, spec in specs.items():
+        value = values.get(name)
+        if value is None or not spec.ttl_mode:
+            continue
+        if spec.ttl_mode == TTL_AFTER_CALL or (
+            spec.ttl_mode == TTL_AFTER_WRITE and name in written
+        ):
+            values[name] = ExpiringValue(value, now + spec.ttl_ms)
+    return values
+
+
+class Dispatcher:
+    """One dispatcher subtask."""
+
+    def __init__(self, index: int, job: Job) -> None:
+        self.index = index
+        self.job = job
+        self.inbox: deque[tuple[Envelope, int]] = deque()
+        #: addresses with a batch in flight -> the messages waiting for the next batch
+        self.busy: dict[AddressKey, deque[Envelope]] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._addresses: dict[AddressKey, SdkAddress] = {}
+        self.invocations = 0
+
+    # -- intake ----------------------------------------------------------------------------
+
+    def offer(self, envelope: Envelope, key_group: int) -> None:
+        self.inbox.append((envelope, key_group))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def backlog(self) -> int:
+        return len(self.inbox) + sum(len(m) for m in self.busy.values())
+
+    async def run(self) -> None:
+        inbox = self.inbox
+        slice_size = self.job.settings.dispatcher_slice
+        while True:
+            if not inbox:
+                self._wake.clear()
+                await self._wake.wait()
+            done = 0
+            try:
+                while inbox and done < slice_size:
+                    envelope, key_group = inbox.popleft()
+                    done += self._dispatch(envelope, key_group)
+            finally:
+                if done:
+                    self.job.release(done)
+            await asyncio.sleep(0)
+
+    async def drain(self) -> None:
+        """Wait until every batch in flight has finished."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _address(self, key: AddressKey) -> SdkAddress:
+        address = self._addresses.get(key)
+        if address is None:
+            if len(self._addresses) > 65_536:
+                self._addresses.clear()
+            typename, id_ = key
+            namespace, _, name = typename.rpartition("/")
+            address = self._addresses[key] = SdkAddress(namespace, name, id_, typename)
+        return address
+
+    def _dispatch(self, envelope: Envelope, key_group: int) -> int:
+        """Handle one message; return how many messages finished (0 if it now waits)."""
+        key = (envelope.typename, envelope.id)
+        mailbox = self.busy.get(key)
+        if mailbox is not None:
+            mailbox.append(envelope)
+            self.job.note_mailbox(len(mailbox))
+            return 0
+        function = self.job.functions.resolve(envelope.typename)
+        if type(function) is EmbeddedFunction and not function.function.is_async:
+            self._invoke_embedded(function, envelope, key, key_group)
+            return 1
+        if function is None:
+            self.job.dead_letter(
+                [envelope], f"no endpoint in the module serves function type {envelope.typename!r}"
+            )
+            return 1
+        self.busy[key] = deque()
+        task = asyncio.get_running_loop().create_task(
+            self._run_batches(function, key, key_group, [envelope])
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return 0
+
+    # -- embedded, synchronous: the hot path -------------------------------------------------
+
+    def _invoke_embedded(
+        self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
+    ) -> None:
+        job = self.job
+        state = job.state
+        stored = state.get(key_group, key)
+        now = 0
+        if function.has_ttl:
+            now = now_ms()
+            values = _live_values(stored, now)
+        else:
+            values = dict(stored) if stored else {}
+        sf = function.function
+        storage = sf.storage_class(envelope.typename, values)
+        address = self._address(key)
+        context = InvocationContext(address, storage)
+        context._caller = envelope.caller
+        try:
+            sf.fun(context, Message(envelope.typename, envelope.id, envelope.value))
+        except Exception as exc:  # the function's own failure: nothing of it is applied
+            job.on_failure(
+                function.typename,
+                [envelope],
+                TerminalFunctionError(
+                    f"function {function.typename} failed on {envelope.id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ),
+                cause=exc,
+            )
+            return
+        self.invocations += 1
+        dirty = storage._dirty
+        if dirty or function.has_ttl:
+            new = {k: v for k, v in values.items() if v is not None}
+            if function.has_ttl:
+                new = _with_deadlines(new, function.specs, dirty, now)
+            state.put(key_group, key, new)
+        send = job.send
+        for message in context.messages:
+            send(Envelope(message.target_typename, message.target_id, message.typed_value, address))
+        for delayed in context.delayed:
+            later = delayed.message
+            if later is None:
+                job.timers.cancel(key, delayed.cancellation_token)
+            else:
+                job.timers.schedule(
+                    delayed.delay_ms,
+                    Envelope(later.target_typename, later.target_id, later.typed_value, address),
+                    key,
+                    delayed.cancellation_token,
+                )
+        for egress in context.egress:
+            job.egress(egress.typename, egress.typed_value)
+
+    # -- one batch in flight per address -------------------------------------------------------
+
+    async def _run_batches(
+        self,
+        function: EmbeddedFunction | RemoteFunction,
+        key: AddressKey,
+        key_group: int,
+        batch: list[Envelope],
+    ) -> None:
+        job = self.job
+        try:
+            while True:
+                try:
+                    if isinstance(function, RemoteFunction):
+                        await self._call_remote(function, key, key_group, batch)
+                    else:
+                        await self._call_embedded_async(function, key, key_group, batch)
+                except FunctionInvocationError as exc:
+                    job.on_failure(function.typename, batch, exc)
+                except MalformedResponseError as exc:  # garbage from the function: terminal
+                    job.on_failure(function.typename, batch, TerminalFunctionError(str(exc)))
+                job.release(len(batch))
+                mailbox = self.busy[key]
+                if not mailbox:
+                    return
+                size = min(len(mailbox), self._max_batch(function))
+                batch = [mailbox.popleft() for _ in range(size)]
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: fail the job loudly rather than hang
+            job.fail(exc)
+            raise
+        finally:
+            self.busy.pop(key, None)
+
+    @staticmethod
+    def _max_batch(function: EmbeddedFunction | RemoteFunction) -> int:
+        return function.max_batch if isinstance(function, RemoteFunction) else 1_000
+
+    async def _call_embedded_async(
+        self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]
+    ) -> None:
+        for envelope in batch:
+            # Each message is its own invocation, with the state the previous one left.
+            job = self.job
+            stored = job.state.get(key_group, key)
+            now = now_ms() if function.has_ttl else 0
+            values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
+            sf = function.function
+            storage = sf.storage_class(envelope.typename, values)
+            address = self._address(key)
+            context = InvocationContext(address, storage)
+            context._caller = envelope.caller
+            try:
+                await sf.fun(context, Message(envelope.typename, envelope.id, envelope.value))
+            except Exception as exc:
+                job.on_failure(
+                    function.typename,
+                    [envelope],
+                    TerminalFunctionError(
+                        f"function {function.typename} failed on {envelope.id!r}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ),
+                    cause=exc,
+                )
+                continue
+            self.invocations += 1
+            if storage._dirty or function.has_ttl:
+                new = {k: v for k, v in values.items() if v is not None}
+                if function.has_ttl:
+                    new = _with_deadlines(new, function.specs, storage._dirty, now)
+                job.state.put(key_group, key, new)
+            self._emit(
+                key,
+                address,
+                [(m.target_typename, m.target_id, m.typed_value) for m in context.messages],
+                [(d.delay_ms, d.cancellation_token, d.message) for d in context.delayed],
+                [(e.typename, e.typed_value) for e in context.egress],
+            )
+
+    def _emit(
+        self,
+        key: AddressKey,
+        address: SdkAddress,
+        messages: list[tuple[str, str, Any]],
+        delayed: list[tuple[int, str, Message | None]],
+        egress: list[tuple[str, Any]],
+    ) -> None:
+        job = self.job
+        for typename, id_, value in messages:
+            job.send(Envelope(typename, id_, value, address))
+        for delay_ms, token, message in delayed:
+            if message is None:
+                job.timers.cancel(key, token)
+            else:
+                value = message.typed_value
+                job.timers.schedule(
+                    delay_ms,
+                    Envelope(message.target_typename, message.target_id, value, address),
+                    key,
+                    token,
+                )
+        for egress_id, value in egress:
+            job.egress(egress_id, value)
+
+    async def _call_remote(
+        self, function: RemoteFunction, key: AddressKey, key_group: int, batch: list[Envelope]
+    ) -> None:
+        job = self.job
+        typename, id_ = key
+        for _ in range(_MAX_SPEC_ROUNDS):
+            now = now_ms()
+            stored = job.state.get(key_group, key)
+            values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
+            states = [
+                (name, spec.typename, values.get(name)) for name, spec in function.specs.items()
+            ]
+            body = encode_to_function(typename, id_, states, batch)
+            raw = await job.client.call(function.url, body, function.endpoint.transport, typename)
+            response = decode_from_function(raw, typename)
+            if response.HasField("incomplete_invocation_context"):
+                self._register_specs(function, response.incomplete_invocation_context)
+                continue
+            self._apply_remote(function, key, key_group, values, response.invocation_result, now)
+            self.invocations += len(batch)
+            return
+        raise TerminalFunctionError(
+            f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
+        )
+
+    @staticmethod
+    def _register_specs(function: RemoteFunction, incomplete: Any) -> None:
+        for missing in incomplete.missing_values:
+            name = missing.state_name
+            if not name or not missing.type_typename:
+                raise MalformedResponseError(
+                    f"function {function.typename} asked for a state without a name or type"
+                )
+            expiration = missing.expiration_spec
+            function.specs[name] = StateSpec(
+                name,
+                missing.type_typename,
+                int(expiration.mode),
+                int(expiration.expire_after_millis),
+            )
+            log.info(
+                "function %s registered state %r (%s)",
+                function.typename,
+                name,
+                missing.type_typename,
+            )
+
+    def _apply_remote(
+        self,
+        function: RemoteFunction,
+        key: AddressKey,
+        key_group: int,
+        values: dict[str, Any],
+        result: Any,
+        now: int,
+    ) -> None:
+        typename = function.typename
+        # Check everything first: a malformed response must change nothing.
+        messages: list[tuple[str, str, Any]] = []
+        for outgoing in result.outgoing_messages:
+            target = outgoing.target
+            if not target.namespace or not target.type or not target.id:
+                raise MalformedResponseError(
+                    f"function {typename} sent a message without a full target address"
+                )
+            messages.append((f"{target.namespace}/{target.type}", target.id, outgoing.argument))
+        delayed: list[tuple[int, str, Message | None]] = []
+        for d in result.delayed_invocations:
+            if d.is_cancellation_request:
+                if not d.cancellation_token:
+                    raise MalformedResponseError(
+                        f"function {typename} sent a cancellation without a token"
+                    )
+                delayed.append((0, d.cancellation_token, None))
+                continue
+            target = d.target
+            if not target.namespace or not target.type or not target.id:
+                raise MalformedResponseError(
+                    f"function {typename} sent a delayed message without a full target address"
+                )
+            if d.delay_in_ms < 0:
+                raise MalformedResponseError(f"function {typename} sent a negative delay")
+            argument = d.argument
+            value = TypedValue(argument.typename, argument.value if argument.has_value else None)
+            delayed.append(
+                (
+                    d.delay_in_ms,
+                    d.cancellation_token,
+                    Message(f"{target.namespace}/{target.type}", target.id, value),
+                )
+            )
+        egress: list[tuple[str, Any]] = []
+        for e in result.outgoing_egresses:
+            if not e.egress_namespace or not e.egress_type:
+                raise MalformedResponseError(f"function {typename} sent egress without an id")
+            egress.append((f"{e.egress_namespace}/{e.egress_type}", e.argument))
+        written: list[str] = []
+        for mutation in result.state_mutations:
+            name = mutation.state_name
+            if name not in function.specs:
+                raise MalformedResponseError(
+                    f"function {typename} changed state {name!r}, which it never registered"
+                )
+            if mutation.mutation_type == _MODIFY:
+                tv = mutation.state_value
+                values[name] = TypedValue(tv.typename, tv.value if tv.has_value else None)
+            else:
+                values.pop(name, None)
+            written.append(name)
+        if written or function.has_ttl:
+            if function.has_ttl:
+                values = _with_deadlines(values, function.specs, written, now)
+            self.job.state.put(key_group, key, values)
+        self._emit(key, self._address(key), messages, delayed, egress)

@@ -1,0 +1,328 @@
+"""The job: sources -> router -> keyBy -> dispatcher subtasks -> sinks, with feedback.
+
+``Job`` wires one runtime process together and runs it:
+
+1. Sources submit messages; ``submit`` waits while the runtime holds
+   ``max_in_flight_messages`` messages or an address's mailbox is past its batch limit
+   (backpressure). Messages sent by functions (the feedback channel) are never refused, so
+   the loop cannot deadlock on itself.
+2. keyBy: ``key_group = hash(address) mod max_parallelism``; the dispatcher subtask that owns
+   that key group (Flink's contiguous ranges) receives the message.
+3. Dispatchers invoke functions and hand their output back here: messages to keyBy (2.),
+   delayed messages to the timer service, egress records to the sinks.
+4. The job ends when it is stopped (SIGINT/SIGTERM, ``stop()``), when it fails, or - when
+   every source is bounded - once every source is exhausted and nothing is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from statefun._exceptions import FunctionInvocationError, JobFailedError, ModuleError
+from statefun._keygroups import key_group_for, subtask_for_key_group
+from statefun._settings import Settings
+from statefun.egress.base import EgressRecord, Sink
+from statefun.ingress.base import Source
+from statefun.module._specs import ModuleSpec
+from statefun.runtime._dispatcher import Dispatcher
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._remote import RemoteClient
+from statefun.runtime._timers import TimerService
+from statefun.sdk._spec import SdkAddress
+from statefun.state.base import StateBackend
+from statefun.state.memory import MemoryStateBackend
+
+__all__ = ["REPLY_TYPENAME", "Job"]
+
+log = logging.getLogger(__name__)
+
+#: The caller of a request-reply call over the HTTP ingress; a message sent to it is the reply.
+REPLY_TYPENAME = "pystatefun.http/reply"
+
+
+class Job:
+    """One runtime process running a module."""
+
+    def __init__(
+        self,
+        module: ModuleSpec,
+        settings: Settings | None = None,
+        *,
+        sources: Iterable[Source] = (),
+        sinks: Iterable[Sink] = (),
+        state: StateBackend | None = None,
+    ) -> None:
+        self.module = module
+        self.settings = settings or Settings()
+        self.functions = FunctionRegistry(module)
+        self.state: StateBackend = state or MemoryStateBackend()
+        self.client = RemoteClient(
+            max_connections=self.settings.remote_max_connections,
+            initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
+            max_backoff_ms=self.settings.remote_retry_max_backoff_ms,
+            max_response_bytes=self.settings.max_response_bytes,
+        )
+        self.timers = TimerService(self._fire_delayed)
+        p, max_p = self.settings.parallelism, self.settings.max_parallelism
+        self.dispatchers = [Dispatcher(i, self) for i in range(p)]
+        self._subtask_of = [
+            self.dispatchers[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)
+        ]
+        self.sources = list(sources)
+        self.sinks: dict[str, Sink] = {}
+        for sink in sinks:
+            if sink.egress_id in self.sinks:
+                raise ModuleError(f"two sinks for egress {sink.egress_id!r}")
+            self.sinks[sink.egress_id] = sink
+        self.replies: dict[str, asyncio.Future[Any]] = {}
+        self.pending = 0
+        self.dead_letters = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._overfull_mailboxes = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._source_tasks: list[asyncio.Task[None]] = []
+        self._sources_done = 0
+        self._missing_egress_logged: set[str] = set()
+
+    # -- the IngressContext of sources ----------------------------------------------------
+
+    async def submit(
+        self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None
+    ) -> None:
+        while not self._room.is_set():
+            await self._room.wait()
+        self.send(Envelope(typename, id_, value, caller))
+
+    def is_function_type(self, typename: str) -> bool:
+        return self.functions.resolve(typename) is not None
+
+    # -- keyBy and the feedback channel ---------------------------------------------------
+
+    def send(self, envelope: Envelope) -> None:
+        """Route a message to the dispatcher that owns its address (never waits)."""
+        typename = envelope.typename
+        if typename == REPLY_TYPENAME:
+            self._reply(envelope)
+            return
+        key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
+        self.pending += 1
+        if self.pending >= self.settings.max_in_flight_messages and self._room.is_set():
+            self._room.clear()
+        self._subtask_of[key_group].offer(envelope, key_group)
+
+    def release(self, count: int) -> None:
+        """``count`` messages finished processing."""
+        self.pending -= count
+        if (
+            not self._room.is_set()
+            and not self._overfull_mailboxes
+            and self.pending <= self.settings.max_in_flight_messages * 0.8
+        ):
+            self._room.set()
+        if self.pending == 0:
+            self._changed.set()
+
+    def note_mailbox(self, size: int) -> None:
+        """A mailbox grew to ``size``: past the batch limit, sources wait."""
+        if size > 10_000 and self._room.is_set():
+            self._overfull_mailboxes = True
+            self._room.clear()
+            asyncio.get_running_loop().call_later(0.05, self._check_mailboxes)
+
+    def _check_mailboxes(self) -> None:
+        largest = max((len(m) for d in self.dispatchers for m in d.busy.values()), default=0)
+        if largest > 5_000:
+            asyncio.get_running_loop().call_later(0.05, self._check_mailboxes)
+            return
+        self._overfull_mailboxes = False
+        if self.pending <= self.settings.max_in_flight_messages * 0.8:
+            self._room.set()
+
+    def _fire_delayed(self, envelope: Envelope) -> None:
+        self.send(envelope)
+        if not self.timers:
+            self._changed.set()
+
+    # -- output ---------------------------------------------------------------------------
+
+    def egress(self, egress_id: str, value: Any) -> None:
+        sink = self.sinks.get(egress_id)
+        if sink is None:
+            if egress_id not in self._missing_egress_logged:
+                self._missing_egress_logged.add(egress_id)
+                log.error(
+                    "no egress %r in the module; its records go to the dead letters", egress_id
+                )
+            self._write_dead_letter(
+                {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}, value
+            )
+            return
+        sink.write(EgressRecord(egress_id, value))
+
+    def _reply(self, envelope: Envelope) -> None:
+        future = self.replies.pop(envelope.id, None)
+        if future is None or future.done():
+            log.warning("reply for request %s arrived after its caller left", envelope.id)
+            return
+        future.set_result(envelope.value)
+
+    # -- failures -------------------------------------------------------------------------
+
+    def on_failure(
+        self,
+        typename: str,
+        batch: list[Envelope],
+        error: FunctionInvocationError,
+        cause: BaseException | None = None,
+    ) -> None:
+        """A batch failed for good: apply the remote failure policy."""
+        if self.settings.remote_failure_policy == "dead-letter":
+            log.error("%s; %d message(s) go to the dead letters", error, len(batch), exc_info=cause)
+            self.dead_letter(batch, str(error))
+            return
+        log.error("%s; the job stops (remote_failure_policy=fail)", error, exc_info=cause)
+        self.fail(error)
+
+    def dead_letter(self, batch: list[Envelope], reason: str) -> None:
+        for envelope in batch:
+            log.error("dead letter to %s/%s: %s", envelope.typename, envelope.id, reason)
+            record = {
+                "target": envelope.typename,
+                "id": envelope.id,
+                "caller": envelope.caller.typename + "/" + envelope.caller.id
+                if envelope.caller
+                else None,
+                "reason": reason,
+            }
+            self._write_dead_letter(record, envelope.value)
+
+    def _write_dead_letter(self, record: dict[str, Any], value: Any) -> None:
+        self.dead_letters += 1
+        record["type"] = str(value.typename)
+        record["value_base64"] = base64.b64encode(bytes(value.value)).decode("ascii")
+        path = Path(self.settings.dead_letter_path)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    def fail(self, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = error
+        self._stopping.set()
+        self._changed.set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the job to stop (graceful: in-flight batches finish, sinks are flushed)."""
+        self._stopping.set()
+        self._changed.set()
+
+    def _finished(self) -> bool:
+        if self._stopping.is_set():
+            return True
+        bounded = all(s.bounded for s in self.sources)
+        return (
+            bounded
+            and self._sources_done == len(self.sources)
+            and self.pending == 0
+            and not self.timers
+        )
+
+    async def run(self) -> None:
+        """Run until stopped, failed, or (bounded sources only) done."""
+        await self._start()
+        try:
+            while not self._finished():
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.05)
+                await self._flush_sinks()
+        finally:
+            await self._shutdown()
+        if self._failure is not None:
+            raise JobFailedError(f"the job failed: {self._failure}") from self._failure
+
+    async def _start(self) -> None:
+        for sink in self.sinks.values():
+            await sink.start()
+        for source in self.sources:
+            await source.start()
+        await self.client.start()
+        self.timers.start()
+        loop = asyncio.get_running_loop()
+        for dispatcher in self.dispatchers:
+            self._tasks.append(loop.create_task(self._guard(dispatcher.run())))
+        for source in self.sources:
+            self._source_tasks.append(loop.create_task(self._run_source(source)))
+        log.info(
+            "job started: %d source(s), %d dispatcher subtask(s), %d key groups, %d sink(s)",
+            len(self.sources),
+            len(self.dispatchers),
+            self.settings.max_parallelism,
+            len(self.sinks),
+        )
+
+    async def _guard(self, work: Any) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("internal error; the job stops")
+            self.fail(exc)
+
+    async def _run_source(self, source: Source) -> None:
+        try:
+            await source.run(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("ingress %s failed", source.ingress_id)
+            self.fail(exc)
+        finally:
+            self._sources_done += 1
+            self._changed.set()
+
+    async def _flush_sinks(self) -> None:
+        for sink in self.sinks.values():
+            await sink.flush()
+
+    async def _shutdown(self) -> None:
+        for task in self._source_tasks:
+            task.cancel()
+        await asyncio.gather(*self._source_tasks, return_exceptions=True)
+        if self._failure is None:
+            # Let batches in flight finish, so their effects reach the sinks.
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(d.drain() for d in self.dispatchers)), timeout=10
+                )
+            except TimeoutError:
+                log.warning("batches still in flight after 10 s; stopping anyway")
+        for dispatcher in self.dispatchers:
+            dispatcher.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.timers.stop()
+        for future in self.replies.values():
+            if not future.done():
+                future.cancel()
+        for source in self.sources:
+            await source.close()
+        for sink in self.sinks.values():
+            await sink.close()
+        await self.client.close()
+        log.info("job stopped: %d message(s) still in flight", self.pending)

@@ -1,0 +1,246 @@
+"""The runtime end to end in one process: embedded and remote functions, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from statefun._exceptions import JobFailedError
+from statefun._settings import Settings
+from statefun.egress.base import EgressRecord, Sink, describe_typed_value
+from statefun.ingress.base import IngressContext, Source
+from statefun.module._specs import (
+    EmbeddedEndpointSpec,
+    FunctionTarget,
+    HttpEndpointSpec,
+    ModuleSpec,
+    TransportSpec,
+)
+from statefun.runtime import Job
+from statefun.sdk import StringType, TypedValue
+from statefun.sdk._serve import start_server
+from tests.integration.fns.shop import OUT, functions
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def string(text: str) -> TypedValue:
+    return TypedValue(StringType.typename, StringType.serializer().serialize(text))
+
+
+class ListSink(Sink):
+    def __init__(self, egress_id: str = OUT) -> None:
+        super().__init__(egress_id)
+        self.values: list[Any] = []
+
+    def write(self, record: EgressRecord) -> None:
+        self.values.append(describe_typed_value(record.value)["value"])
+
+
+class ScriptSource(Source):
+    """Submits (typename, id, text) messages, with optional pauses ('sleep', seconds)."""
+
+    bounded = True
+
+    def __init__(self, script: Iterable[tuple[Any, ...]]) -> None:
+        super().__init__("test/script")
+        self.script = list(script)
+
+    async def run(self, context: IngressContext) -> None:
+        for step in self.script:
+            if step[0] == "sleep":
+                await asyncio.sleep(step[1])
+            else:
+                await context.submit(step[0], step[1], string(step[2]))
+
+
+def embedded() -> EmbeddedEndpointSpec:
+    return EmbeddedEndpointSpec(
+        FunctionTarget("test", None), "tests.integration.fns.shop:functions"
+    )
+
+
+async def run_job(
+    module: ModuleSpec, script: Iterable[tuple[Any, ...]], **settings: Any
+) -> list[Any]:
+    sink = ListSink()
+    job = Job(module, Settings(**settings), sources=[ScriptSource(script)], sinks=[sink])
+    await asyncio.wait_for(job.run(), 30)
+    return sink.values
+
+
+@pytest.fixture
+async def remote_url() -> AsyncIterator[str]:
+    async with await start_server(functions) as server:
+        yield server.url
+
+
+def remote(url: str, **kwargs: Any) -> HttpEndpointSpec:
+    return HttpEndpointSpec(FunctionTarget("test", None), url, **kwargs)
+
+
+SCRIPT = [("test/counter", "a", "x"), ("test/counter", "a", "x"), ("test/counter", "b", "x")]
+
+
+async def test_embedded_state_and_messages_between_functions() -> None:
+    values = await run_job(ModuleSpec(endpoints=(embedded(),)), SCRIPT)
+    assert sorted(values) == ["a=1", "a=2", "b=1"]
+
+
+async def test_remote_state_and_messages_between_functions(remote_url: str) -> None:
+    values = await run_job(ModuleSpec(endpoints=(remote(remote_url),)), SCRIPT)
+    assert sorted(values) == ["a=1", "a=2", "b=1"]
+
+
+async def test_remote_hot_key_is_batched_and_ordered(remote_url: str) -> None:
+    script = [("test/counter", "hot", "x")] * 300
+    module = ModuleSpec(endpoints=(remote(remote_url, max_num_batch_requests=50),))
+    sink = ListSink()
+    job = Job(module, Settings(), sources=[ScriptSource(script)], sinks=[sink])
+    await job.run()
+    assert sink.values == [f"hot={i}" for i in range(1, 301)]
+    counter_calls = sum(d.invocations for d in job.dispatchers)
+    assert counter_calls == 600  # 300 counter + 300 recorder invocations
+
+
+async def test_async_embedded_function_keeps_order_and_state() -> None:
+    script = [("test/async-echo", "k", t) for t in "abc"]
+    values = await run_job(ModuleSpec(endpoints=(embedded(),)), script)
+    assert values == ["a", "a|b", "a|b|c"]
+
+
+@pytest.mark.parametrize("where", ["embedded", "remote"])
+async def test_delayed_message_fires_and_cancellation_removes_it(
+    where: str, remote_url: str
+) -> None:
+    endpoint = embedded() if where == "embedded" else remote(remote_url)
+    script = [
+        ("test/reminder", "keep", "arm"),
+        ("test/reminder", "drop", "arm"),
+        ("test/reminder", "drop", "disarm"),
+    ]
+    values = await run_job(ModuleSpec(endpoints=(endpoint,)), script)
+    assert values == ["fired keep"]
+
+
+@pytest.mark.parametrize("where", ["embedded", "remote"])
+async def test_expire_after_write(where: str, remote_url: str) -> None:
+    endpoint = embedded() if where == "embedded" else remote(remote_url)
+    script = [
+        ("test/ttl", "k", "set:v1"),
+        ("test/ttl", "k", "get"),
+        ("sleep", 0.5),
+        ("test/ttl", "k", "get"),
+    ]
+    values = await run_job(ModuleSpec(endpoints=(endpoint,)), script)
+    assert values == ["value=v1", "value=None"]
+
+
+async def test_unknown_function_type_goes_to_dead_letters(tmp_path: Path) -> None:
+    dead = tmp_path / "dead.jsonl"
+    script = [("test/counter", "a", "x"), ("other/thing", "z", "lost?")]
+    values = await run_job(ModuleSpec(endpoints=(embedded(),)), script, dead_letter_path=str(dead))
+    assert values == ["a=1"]
+    (line,) = dead.read_text().splitlines()
+    record = json.loads(line)
+    assert record["target"] == "other/thing" and record["id"] == "z"
+    assert "no endpoint" in record["reason"]
+
+
+async def test_function_failure_with_dead_letter_policy(tmp_path: Path) -> None:
+    dead = tmp_path / "dead.jsonl"
+    script = [("test/fails", "a", "boom"), ("test/counter", "a", "x")]
+    values = await run_job(
+        ModuleSpec(endpoints=(embedded(),)),
+        script,
+        remote_failure_policy="dead-letter",
+        dead_letter_path=str(dead),
+    )
+    assert values == ["a=1"]
+    record = json.loads(dead.read_text())
+    assert "ValueError: cannot handle 'boom'" in record["reason"]
+
+
+async def test_function_failure_with_fail_policy_stops_the_job() -> None:
+    with pytest.raises(JobFailedError, match="cannot handle 'boom'"):
+        await run_job(ModuleSpec(endpoints=(embedded(),)), [("test/fails", "a", "boom")])
+
+
+async def test_remote_function_down_fails_after_call_timeout(unused_tcp_port: int) -> None:
+    endpoint = remote(
+        f"http://127.0.0.1:{unused_tcp_port}/statefun",
+        transport=TransportSpec(call=__import__("datetime").timedelta(milliseconds=600)),
+    )
+    with pytest.raises(JobFailedError, match="did not answer within its call timeout"):
+        await run_job(ModuleSpec(endpoints=(endpoint,)), SCRIPT[:1])
+
+
+async def test_remote_garbage_answer_is_a_terminal_error(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(body=b"\xff\xfe not protobuf")
+
+    app = web.Application()
+    app.router.add_post("/statefun", garbage)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    dead = tmp_path / "dead.jsonl"
+    try:
+        values = await run_job(
+            ModuleSpec(endpoints=(remote(f"http://127.0.0.1:{port}/statefun"),)),
+            SCRIPT[:1],
+            remote_failure_policy="dead-letter",
+            dead_letter_path=str(dead),
+        )
+    finally:
+        await runner.cleanup()
+    assert values == []
+    assert "not a FromFunction" in json.loads(dead.read_text())["reason"]
+
+
+async def test_http_ingress_send_and_call(remote_url: str) -> None:
+    from statefun.ingress.http import HttpSource
+
+    module = ModuleSpec(endpoints=(embedded(),))
+    sink = ListSink()
+    job = Job(module, Settings(), sinks=[sink])
+    source = HttpSource("test/http", port=0, replies=job.replies, reply_timeout_s=5)
+    job.sources = [source]
+    running = asyncio.create_task(job.run())
+    try:
+        for _ in range(100):
+            if source.port:
+                break
+            await asyncio.sleep(0.02)
+        async with aiohttp.ClientSession() as http:
+            url = source.url
+            raw = {"Content-Type": "application/octet-stream"}
+            async with http.post(f"{url}/messages/test/counter/a", data=b"hi", headers=raw) as r:
+                assert r.status == 415  # no type, not text/plain
+            headers = {"Content-Type": "text/plain"}
+            async with http.post(f"{url}/messages/test/counter/a", data="hi", headers=headers) as r:
+                assert r.status == 202
+            async with http.post(f"{url}/call/test/counter/a", data="hi", headers=headers) as r:
+                assert r.status == 200
+                assert await r.text() == "2"
+                assert r.headers["X-Statefun-Typename"] == "io.statefun.types/int"
+            async with http.post(f"{url}/messages/nope/x/a", data="hi", headers=headers) as r:
+                assert r.status == 404
+            big = io.BytesIO(b"x" * (2 << 20))
+            async with http.post(f"{url}/messages/test/counter/a", data=big, headers=headers) as r:
+                assert r.status == 413
+    finally:
+        job.stop()
+        await running
+    assert sorted(sink.values) == ["a=1", "a=2"]
