@@ -16,7 +16,7 @@ The tree::
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
-    └── JobFailedError                 the job stopped because of an error (``__cause__`` says which)
+    └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
 Apache StateFun's SDK would catch (ValueError, TypeError, LookupError), so such code keeps working.
