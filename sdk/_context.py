@@ -13,6 +13,8 @@ from statefun.sdk._types import validate_typename
 
 __all__ = ["Context", "DelayedMessage", "InvocationContext"]
 
+_ONE_MS = timedelta(milliseconds=1)
+
 
 class Context(abc.ABC):
     """What a function can see and do during one invocation."""
@@ -87,6 +89,10 @@ def _check_target(message: Any, what: str) -> None:
         validate_typename(typename, "target typename")
         if len(_checked_typenames) < 100_000:
             _checked_typenames.add(typename)
+    if not isinstance(message.target_id, str):  # else encoding the response fails, later
+        raise TypeError(
+            f"{what}: the target id must be a str, got {type(message.target_id).__name__}"
+        )
 
 
 _UNRESOLVED: Any = object()
@@ -153,7 +159,7 @@ class InvocationContext(Context):
             raise TypeError(
                 f"send_after() expects a datetime.timedelta, got {type(duration).__name__}"
             )
-        delay_ms = int(duration.total_seconds() * 1000.0)
+        delay_ms = duration // _ONE_MS  # exact whole milliseconds, rounded down
         if delay_ms < 0:
             raise ValueError(f"send_after() needs a delay of at least 0, got {duration}")
         _check_target(message, "send_after()")

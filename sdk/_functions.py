@@ -6,11 +6,10 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from statefun._exceptions import InvalidFunctionError, InvalidSpecError, UnknownFunctionError
 from statefun.sdk._spec import ValueSpec
 from statefun.sdk._storage import AddressStorage, make_storage_class
 from statefun.sdk._types import validate_typename
-
-from statefun._exceptions import InvalidFunctionError, InvalidSpecError, UnknownFunctionError
 
 __all__ = ["StatefulFunction", "StatefulFunctions"]
 
@@ -26,7 +25,10 @@ class StatefulFunction:
         self.namespace, self.name = validate_typename(typename, "function typename")
         self.typename = typename
         self.fun = fun
-        self.is_async = inspect.iscoroutinefunction(fun)
+        # an object with an `async def __call__` is async too (or its coroutines would be dropped)
+        self.is_async = inspect.iscoroutinefunction(fun) or inspect.iscoroutinefunction(
+            type(fun).__call__
+        )
         self.specs = specs
         self.storage_class: type[AddressStorage] = make_storage_class(typename, specs)
 

@@ -188,7 +188,7 @@ def _value_bytes(value: Any, value_type: Type | None, allow_numbers: bool) -> by
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
-    if allow_numbers and isinstance(value, int) and not isinstance(value, bool):
+    if allow_numbers and isinstance(value, int):  # a bool too, as in StateFun's SDK
         return struct.pack(">i", value)  # Kafka's IntegerSerializer
     if allow_numbers and isinstance(value, float):
         return struct.pack(">d", value)  # Kafka's DoubleSerializer

@@ -6,11 +6,12 @@ import keyword
 from dataclasses import dataclass
 from datetime import timedelta
 
+from statefun._exceptions import InvalidSpecError
 from statefun.sdk._types import Type
 
-from statefun._exceptions import InvalidSpecError
-
 __all__ = ["SdkAddress", "ValueSpec"]
+
+_ONE_MS = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,8 @@ class ValueSpec:
             raise InvalidSpecError(f"state {name!r}: an expiration must be a datetime.timedelta")
         self.name = name
         self.type = type
-        self.duration = int(ttl.total_seconds() * 1000.0) if ttl else 0
+        # whole milliseconds, exactly (total_seconds() * 1000 makes 1.001 s 1000 ms)
+        self.duration = ttl // _ONE_MS if ttl else 0
         if ttl is not None and self.duration <= 0:
             raise InvalidSpecError(f"state {name!r}: an expiration must be at least 1 ms")
         self.after_call = bool(expire_after_call)

@@ -12,14 +12,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statefun.sdk._spec import ValueSpec
-from statefun.sdk._types import IMMUTABLE_TYPES, TypedValue
-
 from statefun._exceptions import InvalidSpecError, StateTypeMismatchError
+from statefun.sdk._spec import ValueSpec
+from statefun.sdk._types import (
+    IMMUTABLE_TYPES,
+    BoolType,
+    IntType,
+    LongType,
+    StringType,
+    Type,
+    TypedValue,
+)
 
 __all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
 
 _MISSING: Any = object()
+
+# A written value may be cached (read back without decoding) only when decoding its bytes
+# gives that very value: not for floats (float32 rounding, an int written reads as a float),
+# nor int/str subclasses, nor the ints and bytes that BoolType and StringType accept.
+_READS_BACK_AS_WRITTEN: dict[Type, type] = {
+    IntType: int,
+    LongType: int,
+    BoolType: bool,
+    StringType: str,
+}
 
 
 class AddressStorage:
@@ -57,6 +74,7 @@ def _make_property(spec: ValueSpec) -> property:
     serialize = serializer.serialize
     deserialize = serializer.deserialize
     cacheable = spec.type in IMMUTABLE_TYPES
+    reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
 
     def fget(self: AddressStorage) -> Any:
         value = self._cache.get(name, _MISSING)
@@ -80,7 +98,7 @@ def _make_property(spec: ValueSpec) -> property:
         if value is None:
             raise ValueError(f"state {name!r}: cannot store None; use `del context.storage.{name}`")
         self._values[name] = TypedValue(typename, serialize(value))
-        if cacheable:
+        if type(value) is reads_back_as:
             self._cache[name] = value
         else:
             self._cache.pop(name, None)

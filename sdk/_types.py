@@ -15,9 +15,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from statefun.sdk._proto import types_pb2
-
 from statefun._exceptions import InvalidTypeNameError
+from statefun.sdk._proto import types_pb2
 
 __all__ = [
     "BoolType",
@@ -279,6 +278,8 @@ def _encode_bool(value: Any) -> bytes | None:
         return b"\x08\x01"
     if value is False:
         return b""
+    if isinstance(value, int):  # as StateFun's SDK (protobuf): any int, non-zero is True
+        return None
     raise TypeError(f"expected a bool for io.statefun.types/bool, got {type(value).__name__}")
 
 
@@ -290,6 +291,8 @@ def _decode_bool(data: bytes) -> Any:
 
 def _encode_string(value: Any) -> bytes | None:
     if not isinstance(value, str):
+        if isinstance(value, bytes):  # as StateFun's SDK (protobuf): UTF-8 bytes are accepted
+            return None
         raise TypeError(f"expected a str for io.statefun.types/string, got {type(value).__name__}")
     if not value:
         return b""
@@ -304,14 +307,19 @@ def _decode_string(data: bytes) -> Any:
     if not data:
         return ""
     if data[0] == 0x0A and len(data) > 1 and data[1] == len(data) - 2 and data[1] < 0x80:
-        return data[2:].decode("utf-8")
+        try:
+            return data[2:].decode("utf-8")
+        except UnicodeDecodeError:
+            pass  # protobuf raises its DecodeError
     return _SLOW
 
 
 def _encode_float(value: Any) -> bytes | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"expected a float, got {type(value).__name__}")
-    return None  # floats are rare on hot paths; protobuf handles -0.0, NaN and rounding
+    # floats are rare on hot paths; protobuf handles -0.0, NaN, rounding, and accepts what
+    # StateFun's SDK accepts (bool, int, anything with __float__), raising TypeError otherwise
+    return None
 
 
 def _decode_via_protobuf(data: bytes) -> Any:

@@ -11,9 +11,7 @@ Exit codes: 0 success, 1 failure while running, 2 wrong usage (arguments, a bad 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -93,44 +91,14 @@ def positive_seconds(text: str) -> float:
 
 
 def load_object(target: str) -> Any:
-    """The object named by ``package.module:attribute`` (the current directory is importable).
+    """The object named by ``package.module:attribute`` or ``file.py:attribute``."""
+    from statefun._imports import ImportTargetError
+    from statefun._imports import load_object as load
 
-    UsageError with a one-line message if the module cannot be found or imported or has no
-    such attribute.
-    """
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        raise UsageError(f"TARGET {target!r} must look like package.module:attribute")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing == module_name or module_name.startswith(missing + "."):
-            raise UsageError(
-                f"module {module_name!r} not found (looked in {cwd} and on sys.path)"
-            ) from None
-        log.debug("importing %s failed", module_name, exc_info=True)
-        raise UsageError(_import_failure(module_name, exc)) from None
-    except Exception as exc:
-        log.debug("importing %s failed", module_name, exc_info=True)
-        raise UsageError(_import_failure(module_name, exc)) from None
-    obj: Any = module
-    for part in attribute.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    return obj
-
-
-def _import_failure(module_name: str, exc: BaseException) -> str:
-    message = " ".join(str(exc).split())
-    kind = type(exc).__name__
-    detail = f"{kind}: {message}" if message else kind
-    return f"importing {module_name!r} failed: {detail} (--log-level debug shows the traceback)"
+        return load(target)
+    except ImportTargetError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # -- statefun serve ------------------------------------------------------------------------
@@ -194,7 +162,49 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- the registry and main -----------------------------------------------------------------
 
+
+def _runtime_command(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from statefun._exceptions import ConfigurationError
+        from statefun.runtime import _commands
+
+        try:
+            result: int = getattr(_commands, name)(args)
+        except ConfigurationError as exc:
+            raise UsageError(str(exc)) from None
+        return result
+
+    return run
+
+
+def _runtime_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(parser: argparse.ArgumentParser) -> None:
+        from statefun.runtime import _commands
+
+        getattr(_commands, f"add_{name}_arguments")(parser)
+
+    return add
+
+
 COMMANDS: list[Command] = [
+    Command(
+        "run",
+        "run a module (module.yaml) until stopped",
+        _runtime_arguments("run"),
+        _runtime_command("run"),
+    ),
+    Command(
+        "plan",
+        "print the job plan of a module, as text or Graphviz DOT",
+        _runtime_arguments("plan"),
+        _runtime_command("plan"),
+    ),
+    Command(
+        "send",
+        "send a message to a function over the HTTP ingress",
+        _runtime_arguments("send"),
+        _runtime_command("send"),
+    ),
     Command(
         "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
     ),

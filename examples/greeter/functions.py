@@ -1,5 +1,4 @@
 # The star import is the point (only the names of StateFun's SDK), so allow it:
-# ruff: noqa: F403, F405
 """A greeter: remembers how often it greeted each person and sends a greeting to Kafka.
 
 Each person is one address ``example/greeter/<name>``; its state ``seen`` counts the

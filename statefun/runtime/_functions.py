@@ -6,20 +6,18 @@ them; an exact typename wins over a ``namespace/*`` wildcard, as in StateFun.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from statefun._exceptions import ModuleError
+from statefun._imports import ImportTargetError, load_object
 from statefun.module._specs import EmbeddedEndpointSpec, HttpEndpointSpec, ModuleSpec
 from statefun.sdk._functions import StatefulFunction, StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
 from statefun.sdk._spec import ValueSpec
 
-__all__ = ["EmbeddedFunction", "FunctionRegistry", "RemoteFunction", "StateSpec", "load_object"]
+__all__ = ["EmbeddedFunction", "FunctionRegistry", "RemoteFunction", "StateSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -73,29 +71,11 @@ class RemoteFunction:
 AnyFunction = EmbeddedFunction | RemoteFunction
 
 
-def load_object(target: str, what: str = "object") -> Any:
-    """Import ``package.module:attribute`` (the current directory is on the path)."""
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ModuleError(f"{what} {target!r} must be of the form 'package.module:attribute'")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+def _load_functions(endpoint: EmbeddedEndpointSpec, base_dirs: list[Path]) -> StatefulFunctions:
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ModuleError(f"{what} {target!r}: cannot import {module_name!r}: {exc}") from None
-    obj: Any = module
-    for part in attribute.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ModuleError(f"{what} {target!r}: {module_name} has no {attribute!r}") from None
-    return obj
-
-
-def _load_functions(endpoint: EmbeddedEndpointSpec) -> StatefulFunctions:
-    obj = load_object(endpoint.module, f"{endpoint.source}: spec.module")
+        obj = load_object(endpoint.module, base_dirs)
+    except ImportTargetError as exc:
+        raise ModuleError(f"{endpoint.source}: spec.module: {exc}") from None
     if isinstance(obj, RequestReplyHandler):
         obj = obj.functions
     if not isinstance(obj, StatefulFunctions):
@@ -113,9 +93,10 @@ class FunctionRegistry:
         self._module = module
         self._resolved: dict[str, AnyFunction | None] = {}
         self._embedded: dict[int, StatefulFunctions] = {}
+        base_dirs = [p.parent.resolve() for p in module.paths]
         for index, endpoint in enumerate(module.endpoints):
             if isinstance(endpoint, EmbeddedEndpointSpec):
-                functions = _load_functions(endpoint)
+                functions = _load_functions(endpoint, base_dirs)
                 self._embedded[index] = functions
                 target = endpoint.functions
                 if not target.is_wildcard and str(target) not in functions:

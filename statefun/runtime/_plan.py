@@ -49,6 +49,16 @@ class Plan:
     edges: list[tuple[str, str, str]] = field(default_factory=list)  # (from, to, label)
     functions: list[str] = field(default_factory=list)
 
+    def summary(self) -> str:
+        """One line: the stages and their sizes."""
+        count = {kind: sum(1 for n in self.nodes if n.kind == kind) for kind in ("source", "sink")}
+        dispatchers = sum(1 for n in self.nodes if n.kind == "dispatcher")
+        keyby = next(n.label for n in self.nodes if n.id == "keyby").replace("\\n", ", ")
+        return (
+            f"{count['source']} ingress(es) -> router -> {keyby} -> {dispatchers} dispatcher "
+            f"subtask(s) (+ feedback, timers) -> {count['sink']} egress(es)"
+        )
+
     def to_text(self) -> str:
         lines = ["job plan", "  nodes:"]
         lines += [f"    {n.id:<16} {n.kind:<11} {n.label}" for n in self.nodes]

@@ -68,18 +68,14 @@ def encode_to_function(
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:
-    """Parse a FromFunction; MalformedResponseError if it is not one or holds no response."""
+    """Parse a FromFunction; MalformedResponseError if the bytes are not one."""
     try:
         response = pb.FromFunction.FromString(data)
     except DecodeError as exc:
         raise MalformedResponseError(
             f"function {typename} answered with bytes that are not a FromFunction: {exc}"
         ) from None
-    if response.WhichOneof("response") is None:
-        raise MalformedResponseError(
-            f"function {typename} answered with an empty FromFunction (no invocation result "
-            "and no incomplete-context)"
-        )
+    # An empty FromFunction is a batch without effects: StateFun's SDKs send b"" for it.
     return response
 
 

@@ -1,0 +1,175 @@
+"""The runtime's subcommands of ``statefun``: run, plan, send."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from statefun._exceptions import ConfigurationError, JobFailedError
+
+__all__ = ["add_plan_arguments", "add_run_arguments", "add_send_arguments", "plan", "run", "send"]
+
+log = logging.getLogger("statefun.cli")
+
+
+def _settings_overrides(pairs: list[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigurationError(f"--set expects name=value, got {pair!r}")
+        overrides[name.strip()] = value.strip()
+    return overrides
+
+
+def _module_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "modules",
+        metavar="MODULE_YAML",
+        nargs="*",
+        default=["module.yaml"],
+        help="module.yaml file(s) to run (default: ./module.yaml)",
+    )
+    parser.add_argument("--parallelism", type=int, default=None, help="dispatcher subtasks")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime setting (see docs/settings.md); repeatable",
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    _module_arguments(parser)
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    _module_arguments(parser)
+    parser.add_argument("--format", choices=("text", "dot"), default="text")
+
+
+def _load(args: argparse.Namespace) -> tuple[object, object]:
+    from statefun._settings import Settings
+    from statefun.module import load_module
+
+    overrides = _settings_overrides(args.settings)
+    if args.parallelism is not None:
+        overrides["parallelism"] = str(args.parallelism)
+    settings = Settings.load(overrides)
+    module = load_module(*[Path(m) for m in args.modules])
+    return module, settings
+
+
+def plan(args: argparse.Namespace) -> int:
+    from statefun.runtime._plan import make_plan
+
+    module, settings = _load(args)
+    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    text = job_plan.to_dot() if args.format == "dot" else job_plan.to_text()
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from statefun.module._specs import ModuleSpec
+    from statefun.runtime._plan import build_job, make_plan
+
+    module, settings = _load(args)
+    assert isinstance(module, ModuleSpec)
+    log.info(
+        "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",
+        len(module.endpoints),
+        len(module.ingresses),
+        len(module.egresses),
+        ", ".join(str(p) for p in module.paths) or "-",
+    )
+    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    log.info("plan: %s", job_plan.summary())
+    for line in job_plan.functions:
+        log.info("functions: %s", line)
+    job = build_job(module, settings)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                log.info(
+                    "%s: stopping gracefully (again to stop at once)", signal.Signals(signum).name
+                )
+                job.stop()
+            else:
+                log.warning("stopping at once")
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+        await job.run()
+
+    try:
+        asyncio.run(main())
+    except JobFailedError as exc:
+        log.error("%s", exc)
+        return 1
+    except asyncio.CancelledError:
+        return 130
+    return 0
+
+
+def add_send_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("address", metavar="ADDRESS", help="namespace/type/id of the function")
+    parser.add_argument("value", metavar="VALUE", help="the message (text)")
+    parser.add_argument(
+        "--typename",
+        default=None,
+        help="the value's typename (default: io.statefun.types/string); a built-in type's "
+        "text form is parsed, e.g. --typename io.statefun.types/int 42",
+    )
+    parser.add_argument(
+        "--url", default="http://127.0.0.1:8090", help="the HTTP ingress (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--call", action="store_true", help="wait for the function's reply and print it"
+    )
+    parser.add_argument("--timeout", type=float, default=35.0, help="seconds to wait")
+
+
+def send(args: argparse.Namespace) -> int:
+    parts = args.address.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ConfigurationError(f"ADDRESS {args.address!r} must look like namespace/type/id")
+    quoted = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+    url = f"{args.url.rstrip('/')}/{'call' if args.call else 'messages'}/{quoted}"
+    if args.typename:
+        url += "?" + urllib.parse.urlencode({"typename": args.typename})
+    request = urllib.request.Request(
+        url,
+        data=args.value.encode("utf-8"),
+        headers={"Content-Type": "text/plain; charset=utf-8"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            body = response.read().decode("utf-8", errors="replace")
+            sys.stdout.write((body if args.call else f"{response.status} {body.strip()}") + "\n")
+            return 0
+    except urllib.error.HTTPError as exc:
+        reason = exc.read().decode("utf-8", errors="replace").strip()
+        sys.stderr.write(f"statefun send: HTTP {exc.code}: {reason}\n")
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        sys.stderr.write(f"statefun send: cannot reach {args.url}: {exc}\n")
+        return 1

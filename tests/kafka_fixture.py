@@ -1,0 +1,26 @@
+"""Session fixture: one real Kafka 4.x broker (KRaft, 127.0.0.1) for the whole test run.
+
+Started by ``statefun._testing.kafka_broker`` from Maven Central jars (fetched once and cached),
+or, when ``$PYSTATEFUN_KAFKA_BOOTSTRAP`` is set (``HOST:PORT[,...]``), that broker instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from statefun._testing.kafka_broker import KafkaBroker
+
+BOOTSTRAP_ENV = "PYSTATEFUN_KAFKA_BOOTSTRAP"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """A running broker; use ``kafka_broker.bootstrap_servers``. Topics outlive tests: name
+    them uniquely."""
+    external = os.environ.get(BOOTSTRAP_ENV, "").strip()
+    broker = KafkaBroker.external(external) if external else KafkaBroker()
+    with broker:
+        yield broker
