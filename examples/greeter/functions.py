@@ -45,3 +45,7 @@ async def greeter(context: Context, message: Message) -> None:
             value=greeting(name, seen),
         )
     )
+    # Called over the HTTP ingress's /call/...: the caller waits for a reply.
+    caller = context.caller
+    if caller is not None:
+        context.send(message_builder(caller.typename, caller.id, str_value=greeting(name, seen)))
