@@ -1,8 +1,21 @@
 """The egress (sink) interface, and how a typed value is shown to people.
 
 A sink receives records from the dispatchers with ``write`` (never blocking the event loop)
-and persists or publishes them in ``flush``. Transactional sinks (files, Kafka) will also take
-part in checkpoints; the hooks are here so that every sink has the same shape.
+and persists or publishes them in ``flush``.
+
+Transactional sinks (``transactional = True``: files, Kafka) take part in checkpoints with a
+two-phase commit, so readers see every record exactly once:
+
+1. ``pre_commit(checkpoint_id)`` is called at the checkpoint's cut (synchronously, no I/O):
+   the records written since the previous cut become transaction ``checkpoint_id``; it
+   returns what the checkpoint must store to finish that transaction after a crash.
+2. When the checkpoint is complete (its metadata is durable), ``commit(checkpoint_id)`` makes
+   the transaction visible.
+3. After a restart from checkpoint N, ``recover(state)`` gets the stored state of transaction
+   N back and commits it if it was not committed yet (idempotent); records written after the
+   cut of N were not checkpointed and will be produced again.
+
+A non-transactional sink (stdout; or a sink in at-least-once mode) writes on ``flush``.
 """
 
 from __future__ import annotations
@@ -103,3 +116,18 @@ class Sink(abc.ABC):
     async def close(self) -> None:
         """Flush and release resources."""
         await self.flush()
+
+    # -- two-phase commit (transactional sinks) -------------------------------------------
+
+    #: Whether records wait for a checkpoint before they become visible.
+    transactional: bool = False
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        """Seal the records since the last cut as transaction ``checkpoint_id``; its state."""
+        return None
+
+    async def commit(self, checkpoint_id: int) -> None:  # noqa: B027 - optional hook
+        """Make transaction ``checkpoint_id`` visible (its checkpoint is complete)."""
+
+    async def recover(self, state: Any) -> None:  # noqa: B027 - optional hook
+        """After a restart: finish the transaction whose state ``pre_commit`` returned."""

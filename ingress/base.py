@@ -2,7 +2,14 @@
 
 A source reads records from outside and submits them as messages to function addresses.
 ``submit`` waits while the runtime is full (backpressure), so a source never outruns the
-dispatchers. Replayable sources will also report and restore their position for checkpoints.
+dispatchers.
+
+Replayable sources take part in checkpoints. A checkpoint is taken between two event-loop
+steps, so a source's position must move in the same step as the message it describes enters
+the runtime: ``await context.room()``, then ``context.emit(...)`` and the position update
+with no ``await`` in between. ``snapshot_position`` is called at the cut; after a restart
+``restore_position`` gets it back before ``run``; ``notify_checkpoint_complete`` says that
+a checkpoint holding some position is durable (commit offsets, trim a write-ahead log).
 """
 
 from __future__ import annotations
@@ -22,6 +29,14 @@ class IngressContext(Protocol):
         self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None
     ) -> None:
         """Send a typed value to the address (typename, id_); waits while the runtime is full."""
+        ...
+
+    async def room(self) -> None:
+        """Wait until the runtime accepts messages."""
+        ...
+
+    def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
+        """Send now, without waiting (call right after ``room()``, in the same loop step)."""
         ...
 
     def is_function_type(self, typename: str) -> bool:
@@ -47,6 +62,18 @@ class Source(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def snapshot_position(self) -> Any:
+        """The position to resume from (msgpack-able), taken at the checkpoint's cut."""
+        return None
+
+    async def restore_position(self, position: Any) -> None:  # noqa: B027 - optional hook
+        """Resume from ``position`` (from ``snapshot_position``); called before ``run``."""
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` is durable."""
 
     def describe(self) -> str:
         return f"{type(self).__name__}({self.ingress_id})"

@@ -105,6 +105,13 @@ class Job:
             await self._room.wait()
         self.send(Envelope(typename, id_, value, caller))
 
+    async def room(self) -> None:
+        while not self._room.is_set():
+            await self._room.wait()
+
+    def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
+        self.send(Envelope(typename, id_, value, caller))
+
     def is_function_type(self, typename: str) -> bool:
         return self.functions.resolve(typename) is not None
 
