@@ -73,11 +73,32 @@ def encode_typed_value(typename: str, has_value: bool, value: bytes) -> bytes:
     """TypedValue fields (without the enclosing tag)."""
     if has_value:
         return _typed_value_prefix(typename) + b"\x10\x01" + _field(b"\x1a", value)
-    return _typed_value_prefix(typename)
+    # No value: bytes that came with it anyway are passed on as they are (as StateFun's SDK).
+    return (
+        _typed_value_prefix(typename) + _field(b"\x1a", value)
+        if value
+        else _typed_value_prefix(typename)
+    )
+
+
+_with_value_prefix: dict[str, bytes] = {}
 
 
 def _tv(typed: Any) -> bytes:
-    return encode_typed_value(typed.typename, typed.has_value, typed.value)
+    """TypedValue fields of a typed value (ours or a protobuf TypedValue); the hot path."""
+    if typed.has_value:
+        typename = typed.typename
+        prefix = _with_value_prefix.get(typename)
+        if prefix is None:
+            prefix = _typed_value_prefix(typename) + b"\x10\x01"
+            if len(_with_value_prefix) < 10_000:
+                _with_value_prefix[typename] = prefix
+        value: bytes = typed.value
+        if not value:
+            return prefix
+        n = len(value)
+        return prefix + b"\x1a" + (_ONE_BYTE[n] if n < 128 else varint(n)) + value
+    return encode_typed_value(typed.typename, False, typed.value)
 
 
 def encode_address(typename: str, id_: str) -> bytes:
@@ -92,11 +113,16 @@ def encode_address(typename: str, id_: str) -> bytes:
 
 
 def _outgoing(message: Message) -> bytes:
-    return _message(
-        b"\x12",
-        _message(b"\x0a", encode_address(message.target_typename, message.target_id))
-        + _message(b"\x12", _tv(message.typed_value)),
-    )
+    # _message(0x12, _message(0x0a, address) + _message(0x12, typed value)), inlined
+    address = encode_address(message.target_typename, message.target_id)
+    typed = _tv(message.typed_value)
+    a, t = len(address), len(typed)
+    if a < 128 and t < 128:
+        body = b"\x0a" + _ONE_BYTE[a] + address + b"\x12" + _ONE_BYTE[t] + typed
+    else:
+        body = b"\x0a" + varint(a) + address + b"\x12" + varint(t) + typed
+    n = len(body)
+    return b"\x12" + (_ONE_BYTE[n] if n < 128 else varint(n)) + body
 
 
 def _delayed(delayed: DelayedMessage) -> bytes:
@@ -123,12 +149,22 @@ def _egress(message: EgressMessage) -> bytes:
     )
 
 
+_state_name_field: dict[str, bytes] = {}
+
+
 def _mutation(name: str, typed: Any) -> bytes:
+    name_field = _state_name_field.get(name)
+    if name_field is None:
+        name_field = _field(b"\x12", name.encode("utf-8"))
+        if len(_state_name_field) < 10_000:
+            _state_name_field[name] = name_field
     if typed is None:  # DELETE is enum value 0: nothing but the name
-        return _message(b"\x0a", _field(b"\x12", name.encode("utf-8")))
-    return _message(
-        b"\x0a", b"\x08\x01" + _field(b"\x12", name.encode("utf-8")) + _message(b"\x1a", _tv(typed))
-    )
+        return _message(b"\x0a", name_field)
+    value = _tv(typed)
+    t = len(value)
+    body = b"\x08\x01" + name_field + b"\x1a" + (_ONE_BYTE[t] if t < 128 else varint(t)) + value
+    n = len(body)
+    return b"\x0a" + (_ONE_BYTE[n] if n < 128 else varint(n)) + body
 
 
 def encode_invocation_response(
@@ -137,12 +173,26 @@ def encode_invocation_response(
     delayed: Iterable[DelayedMessage],
     egress: Iterable[EgressMessage],
 ) -> bytes:
-    """A serialized FromFunction holding an InvocationResponse."""
-    parts = [_mutation(name, typed) for name, typed in mutations]
-    parts.extend(map(_outgoing, messages))
-    parts.extend(map(_delayed, delayed))
-    parts.extend(map(_egress, egress))
-    return _message(b"\xa2\x06", b"".join(parts))
+    """A serialized FromFunction holding an InvocationResponse.
+
+    A batch without any effect gives an empty FromFunction (no response set), byte for byte
+    what StateFun's SDK sends; StateFun's runtime reads that as an empty InvocationResponse.
+    """
+    parts: list[bytes] = []
+    append = parts.append  # plain loops: cheaper than comprehensions for the usual 1 or 2 items
+    for name, typed in mutations:
+        append(_mutation(name, typed))
+    for message in messages:
+        append(_outgoing(message))
+    if delayed:
+        parts.extend(map(_delayed, delayed))
+    if egress:
+        parts.extend(map(_egress, egress))
+    if not parts:
+        return b""
+    body = b"".join(parts)
+    n = len(body)
+    return b"\xa2\x06" + (_ONE_BYTE[n] if n < 128 else varint(n)) + body
 
 
 _EXPIRE_MODES = {
