@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from statefun.ingress._records import RecordError, typed_value_from_record
 from statefun.ingress.base import IngressContext, Source
@@ -39,18 +40,29 @@ class FileSource(Source):
         for number, line in enumerate(lines, start=1):
             if number <= self.position:
                 continue
-            self.position = number
             if not line.strip():
+                self.position = number
                 continue
             try:
                 typename, id_, value = self._parse(line, context)
             except RecordError as exc:
+                self.position = number
                 self.rejected += 1
                 log.error(
                     "ingress %s: %s line %d skipped: %s", self.ingress_id, self.path, number, exc
                 )
                 continue
-            await context.submit(typename, id_, value)
+            await context.room()
+            # The message and the position move together (no await in between): a
+            # checkpoint sees either both or neither.
+            context.emit(typename, id_, value)
+            self.position = number
+
+    def snapshot_position(self) -> Any:
+        return {"line": self.position}
+
+    async def restore_position(self, position: Any) -> None:
+        self.position = int(position["line"])
 
     def _read_lines(self) -> list[str]:
         with self.path.open(encoding="utf-8") as source:

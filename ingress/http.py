@@ -20,11 +20,13 @@ import asyncio
 import itertools
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
+from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import StringType, TypedValue, validate_typename
@@ -53,8 +55,14 @@ class HttpSource(Source):
         reply_timeout_s: float = 30.0,
         max_pending: int = 10_000,
         replies: dict[str, asyncio.Future[Any]] | None = None,
+        wal_dir: Path | None = None,
     ) -> None:
         super().__init__(ingress_id)
+        self.wal = WriteAheadLog(wal_dir) if wal_dir is not None else None
+        self.position = 0  # sequence number of the last WAL record handed to the runtime
+        self._checkpointed = 0
+        self._group: list[tuple[list[Any], asyncio.Future[None]]] = []
+        self._group_ready = asyncio.Event()
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
@@ -69,6 +77,8 @@ class HttpSource(Source):
         self.accepted = 0
 
     async def start(self) -> None:
+        if self.wal is not None:
+            await asyncio.to_thread(self.wal.open)
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/messages/{namespace}/{type}/{id}", self._send)
         app.router.add_post("/call/{namespace}/{type}/{id}", self._call)
@@ -82,6 +92,10 @@ class HttpSource(Source):
         log.info("ingress %s listening on http://%s:%d", self.ingress_id, self.host, self.port)
 
     async def run(self, context: IngressContext) -> None:
+        if self.wal is not None:
+            await self._replay(context)
+            self._context = context
+            await self._write_groups(context)
         self._context = context
         await asyncio.Event().wait()  # requests arrive through the handlers
 
@@ -89,6 +103,88 @@ class HttpSource(Source):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        for _, future in self._group:
+            if not future.done():
+                future.set_exception(web.HTTPServiceUnavailable(text="the job is stopping"))
+        if self.wal is not None:
+            self.wal.close()
+
+    # -- durability: the write-ahead log -------------------------------------------------------
+
+    def snapshot_position(self) -> Any:
+        self._checkpointed = self.position
+        return {"seq": self.position}
+
+    async def restore_position(self, position: Any) -> None:
+        self.position = int(position["seq"])
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self.wal is not None:
+            await asyncio.to_thread(self.wal.trim, self._checkpointed)
+
+    async def _replay(self, context: IngressContext) -> None:
+        assert self.wal is not None
+        wal = self.wal
+        records = await asyncio.to_thread(lambda: list(wal.read_after(self.position)))
+        if records:
+            log.info(
+                "ingress %s: replaying %d message(s) from its WAL", self.ingress_id, len(records)
+            )
+        for seq, typename, id_, caller, v_typename, has_value, value in records:
+            await context.room()
+            context.emit(
+                typename, id_, TypedValue(v_typename, value if has_value else None), _caller(caller)
+            )
+            self.position = seq
+
+    async def _write_groups(self, context: IngressContext) -> None:
+        """Group commit: append what arrived, fsync once, hand it to the runtime, ack."""
+        assert self.wal is not None
+        while True:
+            await self._group_ready.wait()
+            self._group_ready.clear()
+            group, self._group = self._group, []
+            if not group:
+                continue
+            last = await asyncio.to_thread(self.wal.append, [record for record, _ in group])
+            await context.room()
+            for record, _ in group:
+                typename, id_, caller, v_typename, has_value, value = record
+                context.emit(
+                    typename,
+                    id_,
+                    TypedValue(v_typename, value if has_value else None),
+                    _caller(caller),
+                )
+            self.position = last
+            for _, future in group:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _deliver(
+        self, typename: str, id_: str, value: TypedValue, caller: SdkAddress | None
+    ) -> None:
+        """Hand a message to the runtime: durably first when there is a WAL."""
+        context = await self._admit()
+        self._waiting += 1
+        try:
+            if self.wal is None:
+                await context.submit(typename, id_, value, caller)
+                return
+            record = [
+                typename,
+                id_,
+                None if caller is None else [caller.namespace, caller.name, caller.id],
+                value.typename,
+                value.has_value,
+                value.value,
+            ]
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._group.append((record, future))
+            self._group_ready.set()
+            await future
+        finally:
+            self._waiting -= 1
 
     @property
     def url(self) -> str:
@@ -145,36 +241,35 @@ class HttpSource(Source):
 
     async def _send(self, request: web.Request) -> web.Response:
         typename, id_, value = await self._parse(request)
-        context = await self._admit()
-        self._waiting += 1
-        try:
-            await context.submit(typename, id_, value)
-        finally:
-            self._waiting -= 1
+        await self._deliver(typename, id_, value, None)
         self.accepted += 1
         return _plain(202, "accepted")
 
     async def _call(self, request: web.Request) -> web.Response:
         typename, id_, value = await self._parse(request)
-        context = await self._admit()
         request_id = f"{self._prefix}-{next(self._ids)}"
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.replies[request_id] = future
-        self._waiting += 1
         try:
             caller = SdkAddress(
                 REPLY_NAMESPACE, REPLY_NAME, request_id, f"{REPLY_NAMESPACE}/{REPLY_NAME}"
             )
-            await context.submit(typename, id_, value, caller)
+            await self._deliver(typename, id_, value, caller)
             self.accepted += 1
             try:
                 reply = await asyncio.wait_for(future, self.reply_timeout_s)
             except TimeoutError:
                 return _plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
         finally:
-            self._waiting -= 1
             self.replies.pop(request_id, None)
         return _reply_response(reply)
+
+
+def _caller(fields: list[str] | None) -> SdkAddress | None:
+    if fields is None:
+        return None
+    namespace, name, id_ = fields
+    return SdkAddress(namespace, name, id_, f"{namespace}/{name}")
 
 
 def _reply_response(reply: Any) -> web.Response:

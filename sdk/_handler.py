@@ -128,9 +128,6 @@ async def _run_async(batch: _Batch) -> bytes:
 
 
 def _finish(context: InvocationContext) -> bytes:
-    mutations = storage_mutations(context.storage)
-    if len(mutations) > 1:
-        # In the order of the function's ValueSpecs, as StateFun's SDK sends them.
-        order = list(context.storage._specs)
-        mutations.sort(key=lambda mutation: order.index(mutation[0]))
-    return encode_invocation_response(mutations, context.messages, context.delayed, context.egress)
+    return encode_invocation_response(
+        storage_mutations(context.storage), context.messages, context.delayed, context.egress
+    )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import keyword
-from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 from statefun._exceptions import InvalidSpecError
 from statefun.sdk._types import Type
@@ -14,9 +14,12 @@ __all__ = ["SdkAddress", "ValueSpec"]
 _ONE_MS = timedelta(milliseconds=1)
 
 
-@dataclass(frozen=True, slots=True)
-class SdkAddress:
-    """The address of a function instance: ``namespace/name`` plus an ``id``."""
+class SdkAddress(NamedTuple):
+    """The address of a function instance: ``namespace/name`` plus an ``id``.
+
+    Immutable, hashable and compared by value, like StateFun's frozen dataclass; a named
+    tuple because an address is made for every request and a tuple is the cheapest to make.
+    """
 
     namespace: str
     name: str

@@ -129,6 +129,12 @@ def make_storage_class(typename: str, specs: list[ValueSpec]) -> type[AddressSto
 
 
 def storage_mutations(storage: AddressStorage) -> list[tuple[str, TypedValue | None]]:
-    """(name, new typed value, or None if deleted) of every state written in the batch."""
+    """(name, new typed value, or None if deleted) of every state written in the batch.
+
+    In the order of the function's ValueSpecs, as StateFun's SDK sends them.
+    """
+    dirty = storage._dirty
     values = storage._values
-    return [(name, values[name]) for name in storage._dirty]
+    if len(dirty) > 1:  # in the order of the ValueSpecs, as StateFun's SDK sends them
+        return [(name, values[name]) for name in storage._specs if name in dirty]
+    return [(name, values[name]) for name in dirty]

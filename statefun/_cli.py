@@ -206,6 +206,12 @@ COMMANDS: list[Command] = [
         _runtime_command("send"),
     ),
     Command(
+        "savepoint",
+        "create, list or inspect savepoints",
+        _runtime_arguments("savepoint"),
+        _runtime_command("savepoint"),
+    ),
+    Command(
         "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
     ),
 ]

@@ -66,6 +66,60 @@ class Settings:
     max_response_bytes: int = field(
         default=64 << 20, metadata=_doc("largest response body accepted from a remote function")
     )
+    checkpoint_dir: str = field(
+        default="",
+        metadata=_doc(
+            "where checkpoints are written (a path or file:// URL); empty: checkpoints off. "
+            "On start the latest complete checkpoint there is restored"
+        ),
+    )
+    checkpoint_interval_ms: int = field(
+        default=1_000, metadata=_doc("time between the start of two checkpoints")
+    )
+    checkpoints_retained: int = field(
+        default=3, metadata=_doc("complete checkpoints kept; older ones are deleted")
+    )
+    savepoint_dir: str = field(
+        default="",
+        metadata=_doc("where savepoints go (default: <checkpoint_dir>/../savepoints)"),
+    )
+    reply_release: Literal["on-checkpoint", "immediate"] = field(
+        default="on-checkpoint",
+        metadata=_doc(
+            "when the reply of an HTTP request-reply call is sent: 'on-checkpoint' once the "
+            "checkpoint covering it is complete (a caller never sees an effect a crash could "
+            "undo), 'immediate' at once (lower latency; may be recomputed after a crash). "
+            "Without checkpoints replies are always immediate"
+        ),
+    )
+    restart_strategy: Literal["none", "fixed-delay", "exponential"] = field(
+        default="exponential",
+        metadata=_doc("how `statefun run` restarts a failed job from its last checkpoint"),
+    )
+    restart_attempts: int = field(
+        default=10, metadata=_doc("restarts before `statefun run` gives up (0: never restart)")
+    )
+    restart_delay_ms: int = field(
+        default=500, metadata=_doc("delay before the first restart (fixed, or doubling up to 60 s)")
+    )
+    state_backend: Literal["memory", "rocksdb"] = field(
+        default="memory", metadata=_doc("where keyed state lives: 'memory' or 'rocksdb'")
+    )
+    state_dir: str = field(
+        default=".statefun/state",
+        metadata=_doc("working directory of the rocksdb state backend"),
+    )
+    http_wal_dir: str = field(
+        default="",
+        metadata=_doc(
+            "write-ahead log of the HTTP ingress (default: <checkpoint_dir>/../http-wal); a "
+            "message is acknowledged once it is fsynced there"
+        ),
+    )
+    admin_port: int = field(
+        default=0,
+        metadata=_doc("port of the admin HTTP server on 127.0.0.1 (savepoints, status); 0: off"),
+    )
 
     def __post_init__(self) -> None:
         if self.parallelism < 1:
@@ -79,6 +133,19 @@ class Settings:
             raise ConfigurationError("max_parallelism can be at most 32768")
         if self.max_in_flight_messages < 1:
             raise ConfigurationError("max_in_flight_messages must be at least 1")
+        if self.checkpoint_interval_ms < 10:
+            raise ConfigurationError("checkpoint_interval_ms must be at least 10")
+        if self.checkpoints_retained < 1:
+            raise ConfigurationError("checkpoints_retained must be at least 1")
+        for name, allowed in (
+            ("reply_release", ("on-checkpoint", "immediate")),
+            ("restart_strategy", ("none", "fixed-delay", "exponential")),
+            ("state_backend", ("memory", "rocksdb")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigurationError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         if self.remote_failure_policy not in ("fail", "dead-letter"):
             raise ConfigurationError(
                 f"remote_failure_policy must be 'fail' or 'dead-letter', "

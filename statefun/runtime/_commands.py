@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from statefun._exceptions import ConfigurationError, JobFailedError
 
-__all__ = ["add_plan_arguments", "add_run_arguments", "add_send_arguments", "plan", "run", "send"]
+__all__ = [
+    "add_plan_arguments",
+    "add_run_arguments",
+    "add_savepoint_arguments",
+    "add_send_arguments",
+    "plan",
+    "run",
+    "savepoint",
+    "send",
+]
 
 log = logging.getLogger("statefun.cli")
 
@@ -50,6 +62,17 @@ def _module_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _module_arguments(parser)
+    parser.add_argument(
+        "--from-savepoint",
+        metavar="PATH",
+        default=None,
+        help="start from this savepoint (or checkpoint) folder; the parallelism may differ",
+    )
+    parser.add_argument(
+        "--allow-dropping-state",
+        action="store_true",
+        help="start even if the savepoint holds state of function types the module lost",
+    )
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +102,13 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restart_delay(settings: Any, attempt: int) -> float:
+    base = settings.restart_delay_ms / 1000.0
+    if settings.restart_strategy == "fixed-delay":
+        return float(base)
+    return float(min(60.0, base * 2 ** (attempt - 1)))
+
+
 def run(args: argparse.Namespace) -> int:
     from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
@@ -96,37 +126,134 @@ def run(args: argparse.Namespace) -> int:
     log.info("plan: %s", job_plan.summary())
     for line in job_plan.functions:
         log.info("functions: %s", line)
-    job = build_job(module, settings)  # type: ignore[arg-type]
+    if settings.checkpoint_dir:  # type: ignore[attr-defined]
+        log.info(
+            "checkpoints: every %d ms to %s",
+            settings.checkpoint_interval_ms,  # type: ignore[attr-defined]
+            settings.checkpoint_dir,  # type: ignore[attr-defined]
+        )
+    else:
+        log.info("checkpoints: off (set checkpoint_dir for exactly-once across restarts)")
+    from_savepoint = Path(args.from_savepoint) if args.from_savepoint else None
+    attempt = 0
+    while True:
+        job = build_job(module, settings)  # type: ignore[arg-type]
+        job.restore_from = from_savepoint
+        job.allow_dropping_state = args.allow_dropping_state
+        try:
+            asyncio.run(_run_until_signalled(job))
+            return 0
+        except JobFailedError as exc:
+            log.error("%s", exc)
+            retry = (
+                settings.checkpoint_dir  # type: ignore[attr-defined]
+                and settings.restart_strategy != "none"  # type: ignore[attr-defined]
+                and attempt < settings.restart_attempts  # type: ignore[attr-defined]
+                and not job.stopped_by_user
+            )
+            if not retry:
+                return 1
+        except asyncio.CancelledError:
+            return 130
+        attempt += 1
+        delay = _restart_delay(settings, attempt)
+        log.warning(
+            "restart %d of %d in %.1f s, from the last checkpoint",
+            attempt,
+            settings.restart_attempts,  # type: ignore[attr-defined]
+            delay,
+        )
+        time.sleep(delay)
+        from_savepoint = None  # restarts resume from the latest checkpoint
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        signals = 0
 
-        def on_signal(signum: int) -> None:
-            nonlocal signals
-            signals += 1
-            if signals == 1:
-                log.info(
-                    "%s: stopping gracefully (again to stop at once)", signal.Signals(signum).name
+async def _run_until_signalled(job: Any) -> None:
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        job.stopped_by_user = True
+        if signals == 1:
+            log.info("%s: stopping gracefully (again to stop at once)", signal.Signals(signum).name)
+            job.stop()
+        else:
+            log.warning("stopping at once")
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await job.run()
+
+
+# -- savepoints ----------------------------------------------------------------------------
+
+
+def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="take a savepoint of a running job")
+    create.add_argument(
+        "--admin-url",
+        default="http://127.0.0.1:8091",
+        help="the job's admin server (setting admin_port; default: %(default)s)",
+    )
+    listing = actions.add_parser("list", help="list savepoints and checkpoints in a folder")
+    listing.add_argument("directory", metavar="DIR", help="a savepoint or checkpoint folder")
+    inspect = actions.add_parser("inspect", help="describe one savepoint or checkpoint")
+    inspect.add_argument("path", metavar="PATH")
+
+
+def savepoint(args: argparse.Namespace) -> int:
+    from statefun.checkpoint.storage import METADATA, read_checkpoint
+
+    if args.action == "create":
+        request = urllib.request.Request(f"{args.admin_url.rstrip('/')}/savepoints", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            reason = exc.read().decode("utf-8", errors="replace").strip()
+            sys.stderr.write(f"statefun savepoint: HTTP {exc.code}: {reason}\n")
+            return 1
+        except (urllib.error.URLError, OSError) as exc:
+            sys.stderr.write(f"statefun savepoint: cannot reach {args.admin_url}: {exc}\n")
+            return 1
+        sys.stdout.write(f"{answer['path']}\n")
+        return 0
+    if args.action == "list":
+        root = Path(args.directory)
+        if not root.is_dir():
+            raise ConfigurationError(f"{root} is not a directory")
+        for folder in sorted(root.iterdir()):
+            if (folder / METADATA).is_file():
+                meta = read_checkpoint(folder).metadata
+                kind = "savepoint " if meta.get("savepoint") else "checkpoint"
+                created = time.strftime(
+                    "%Y-%m-%d %H:%M:%S", time.localtime(meta["created_ms"] / 1000)
                 )
-                job.stop()
-            else:
-                log.warning("stopping at once")
-                for task in asyncio.all_tasks(loop):
-                    task.cancel()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, on_signal, signum)
-        await job.run()
-
-    try:
-        asyncio.run(main())
-    except JobFailedError as exc:
-        log.error("%s", exc)
-        return 1
-    except asyncio.CancelledError:
-        return 130
+                sys.stdout.write(f"{kind} {meta['id']:>6}  {created}  {folder}\n")
+        return 0
+    checkpoint = read_checkpoint(Path(args.path))
+    sys.stdout.write(json.dumps(_describe(checkpoint), indent=2) + "\n")
     return 0
+
+
+def _describe(checkpoint: Any) -> dict[str, Any]:
+    """Metadata plus what the state holds, per function type."""
+    from statefun.state.memory import MemoryStateBackend
+
+    meta = dict(checkpoint.metadata)
+    state = MemoryStateBackend()
+    state.restore(checkpoint.path / "state", meta["state"], None)
+    per_type: dict[str, int] = {}
+    for key_group in state.key_groups():
+        for (typename, _id), _values in state.items(key_group):
+            per_type[typename] = per_type.get(typename, 0) + 1
+    meta["addresses_with_state"] = dict(sorted(per_type.items()))
+    meta["path"] = str(checkpoint.path)
+    return meta
 
 
 def add_send_arguments(parser: argparse.ArgumentParser) -> None:

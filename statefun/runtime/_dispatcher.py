@@ -102,6 +102,8 @@ class Dispatcher:
         self.inbox: deque[tuple[Envelope, int]] = deque()
         #: addresses with a batch in flight -> the messages waiting for the next batch
         self.busy: dict[AddressKey, deque[Envelope]] = {}
+        #: addresses with a batch in flight -> that batch (its effects are not applied yet)
+        self.in_flight: dict[AddressKey, list[Envelope]] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
@@ -116,6 +118,15 @@ class Dispatcher:
 
     def backlog(self) -> int:
         return len(self.inbox) + sum(len(m) for m in self.busy.values())
+
+    def messages(self) -> list[Envelope]:
+        """Every message this subtask holds, in the order it would handle them per address."""
+        pending: list[Envelope] = []
+        for key, mailbox in self.busy.items():
+            pending.extend(self.in_flight.get(key, ()))
+            pending.extend(mailbox)
+        pending.extend(envelope for envelope, _ in self.inbox)
+        return pending
 
     async def run(self) -> None:
         inbox = self.inbox
@@ -248,6 +259,7 @@ class Dispatcher:
         job = self.job
         try:
             while True:
+                self.in_flight[key] = batch
                 try:
                     if isinstance(function, RemoteFunction):
                         await self._call_remote(function, key, key_group, batch)
@@ -270,6 +282,7 @@ class Dispatcher:
             raise
         finally:
             self.busy.pop(key, None)
+            self.in_flight.pop(key, None)
 
     @staticmethod
     def _max_batch(function: EmbeddedFunction | RemoteFunction) -> int:
@@ -278,8 +291,10 @@ class Dispatcher:
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]
     ) -> None:
-        for envelope in batch:
-            # Each message is its own invocation, with the state the previous one left.
+        for index, envelope in enumerate(batch):
+            # Each message is its own invocation, with the state the previous one left; once
+            # applied, it is no longer in flight (a checkpoint must not hold it twice).
+            self.in_flight[key] = batch[index:]
             job = self.job
             stored = job.state.get(key_group, key)
             now = now_ms() if function.has_ttl else 0

@@ -21,13 +21,15 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from statefun._exceptions import FunctionInvocationError, JobFailedError, ModuleError
 from statefun._keygroups import key_group_for, subtask_for_key_group
 from statefun._settings import Settings
+from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash, restore
+from statefun.checkpoint.storage import CheckpointStorage, read_checkpoint
 from statefun.egress.base import EgressRecord, Sink
 from statefun.ingress.base import Source
 from statefun.module._specs import ModuleSpec
@@ -95,6 +97,19 @@ class Job:
         self._source_tasks: list[asyncio.Task[None]] = []
         self._sources_done = 0
         self._missing_egress_logged: set[str] = set()
+        # Checkpoints (statefun.checkpoint): on when settings.checkpoint_dir is set.
+        self.checkpoints: CheckpointCoordinator | None = None
+        self.restore_from: Path | None = None  # a savepoint/checkpoint folder to start from
+        self.allow_dropping_state = False
+        self.checkpoint_hook: Callable[[str, int], None] | None = None
+        self.restored_positions: dict[str, Any] = {}
+        self.restored_sinks: dict[str, Any] = {}
+        self._hold_replies = False
+        self._unreleased_replies: list[tuple[str, Any]] = []
+        self._crashed = False
+        self._auto_commit = 0
+        self.admin: Any = None
+        self.stopped_by_user = False
 
     # -- the IngressContext of sources ----------------------------------------------------
 
@@ -179,11 +194,33 @@ class Job:
         sink.write(EgressRecord(egress_id, value))
 
     def _reply(self, envelope: Envelope) -> None:
-        future = self.replies.pop(envelope.id, None)
+        if self._hold_replies:
+            self._unreleased_replies.append((envelope.id, envelope.value))
+        else:
+            self._release_reply(envelope.id, envelope.value)
+
+    def _release_reply(self, request_id: str, value: Any) -> None:
+        future = self.replies.pop(request_id, None)
         if future is None or future.done():
-            log.warning("reply for request %s arrived after its caller left", envelope.id)
+            log.warning("reply for request %s arrived after its caller left", request_id)
             return
-        future.set_result(envelope.value)
+        future.set_result(value)
+
+    def seal_replies(self) -> list[tuple[str, Any]]:
+        """The replies produced since the last cut (released when the checkpoint completes)."""
+        sealed, self._unreleased_replies = self._unreleased_replies, []
+        return sealed
+
+    def release_replies(self, replies: list[tuple[str, Any]]) -> None:
+        for request_id, value in replies:
+            self._release_reply(request_id, value)
+
+    def messages_in_flight(self) -> list[Envelope]:
+        """Every message inside the runtime, per address in processing order."""
+        messages: list[Envelope] = []
+        for dispatcher in self.dispatchers:
+            messages.extend(dispatcher.messages())
+        return messages
 
     # -- failures -------------------------------------------------------------------------
 
@@ -261,10 +298,35 @@ class Job:
         if self._failure is not None:
             raise JobFailedError(f"the job failed: {self._failure}") from self._failure
 
+    def _setup_checkpoints(self) -> None:
+        settings = self.settings
+        if not settings.checkpoint_dir:
+            if self.restore_from is not None:
+                checkpoint = read_checkpoint(self.restore_from)
+                restore(self, checkpoint, self.allow_dropping_state)
+            return
+        storage = CheckpointStorage(settings.checkpoint_dir, settings.checkpoints_retained)
+        storage.prepare()
+        savepoints = Path(settings.savepoint_dir) if settings.savepoint_dir else None
+        self.checkpoints = CheckpointCoordinator(
+            self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
+        )
+        self._hold_replies = settings.reply_release == "on-checkpoint"
+        start = read_checkpoint(self.restore_from) if self.restore_from else storage.latest()
+        if start is not None:
+            restore(self, start, self.allow_dropping_state)
+        else:
+            log.info("no checkpoint in %s: starting empty", storage.root)
+
     async def _start(self) -> None:
+        self._setup_checkpoints()
         for sink in self.sinks.values():
             await sink.start()
+            if sink.egress_id in self.restored_sinks:
+                await sink.recover(self.restored_sinks[sink.egress_id])
         for source in self.sources:
+            if source.ingress_id in self.restored_positions:
+                await source.restore_position(self.restored_positions[source.ingress_id])
             await source.start()
         await self.client.start()
         self.timers.start()
@@ -273,6 +335,13 @@ class Job:
             self._tasks.append(loop.create_task(self._guard(dispatcher.run())))
         for source in self.sources:
             self._source_tasks.append(loop.create_task(self._run_source(source)))
+        if self.checkpoints is not None:
+            self._tasks.append(loop.create_task(self._guard(self.checkpoints.run())))
+        if self.settings.admin_port:
+            from statefun.runtime._admin import AdminServer
+
+            self.admin = AdminServer(self, self.settings.admin_port)
+            await self.admin.start()
         log.info(
             "job started: %d source(s), %d dispatcher subtask(s), %d key groups, %d sink(s)",
             len(self.sources),
@@ -286,6 +355,9 @@ class Job:
             await work
         except asyncio.CancelledError:
             raise
+        except SimulatedCrash as exc:
+            self._crashed = True
+            self.fail(exc)
         except BaseException as exc:
             log.exception("internal error; the job stops")
             self.fail(exc)
@@ -304,12 +376,29 @@ class Job:
 
     async def _flush_sinks(self) -> None:
         for sink in self.sinks.values():
-            await sink.flush()
+            if not sink.transactional:
+                await sink.flush()
+            elif self.checkpoints is None:
+                # No checkpoints: a transactional sink commits what it has at every flush.
+                self._auto_commit += 1
+                sink.pre_commit(self._auto_commit)
+                await sink.commit(self._auto_commit)
 
     async def _shutdown(self) -> None:
         for task in self._source_tasks:
             task.cancel()
         await asyncio.gather(*self._source_tasks, return_exceptions=True)
+        if self._crashed:  # as if the process died: nothing more leaves or is committed
+            for dispatcher in self.dispatchers:
+                dispatcher.cancel()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self.timers.stop()
+            for source in self.sources:
+                await source.close()
+            await self.client.close()
+            return
         if self._failure is None:
             # Let batches in flight finish, so their effects reach the sinks.
             try:
@@ -318,11 +407,22 @@ class Job:
                 )
             except TimeoutError:
                 log.warning("batches still in flight after 10 s; stopping anyway")
+        if self.checkpoints is not None and self._failure is None:
+            await self.checkpoints.stop()
         for dispatcher in self.dispatchers:
             dispatcher.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.checkpoints is not None and self._failure is None:
+            # A last checkpoint commits the transactional sinks' final records and keeps
+            # whatever is still in flight for the next start.
+            try:
+                await self.checkpoints.checkpoint()
+            except SimulatedCrash:
+                return
+        else:
+            await self._flush_sinks()
         self.timers.stop()
         for future in self.replies.values():
             if not future.done():
@@ -332,4 +432,6 @@ class Job:
         for sink in self.sinks.values():
             await sink.close()
         await self.client.close()
+        if self.admin is not None:
+            await self.admin.close()
         log.info("job stopped: %d message(s) still in flight", self.pending)

@@ -10,16 +10,19 @@ The plan is what ``statefun plan`` prints and what ``build_job`` instantiates:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from statefun._exceptions import ConfigurationError
 from statefun._keygroups import key_group_range
 from statefun._settings import Settings
+from statefun.checkpoint.storage import storage_path
 from statefun.egress.base import Sink
 from statefun.egress.file import FileSink
+from statefun.egress.kafka import KafkaSink
 from statefun.egress.stdout import StdoutSink
 from statefun.ingress.base import Source
 from statefun.ingress.file import FileSource
 from statefun.ingress.http import HttpSource
+from statefun.ingress.kafka import KafkaSource
 from statefun.module._specs import (
     EmbeddedEndpointSpec,
     FileEgressSpec,
@@ -146,6 +149,18 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
     return plan
 
 
+def _wal_dir(settings: Settings, ingress_id: str) -> Path | None:
+    """The HTTP ingress's write-ahead log: only with checkpoints, which make it replayable."""
+    if not settings.checkpoint_dir:
+        return None
+    root = (
+        Path(settings.http_wal_dir)
+        if settings.http_wal_dir
+        else storage_path(settings.checkpoint_dir).parent / "http-wal"
+    )
+    return root / ingress_id.replace("/", "_")
+
+
 def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
     """Instantiate the plan: the job with its sources and sinks."""
     settings = settings or Settings()
@@ -156,9 +171,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
         elif isinstance(egress, FileEgressSpec):
             sinks.append(FileSink(egress.id, egress.path))
         elif isinstance(egress, KafkaEgressSpec):
-            raise ConfigurationError(
-                f"{egress.source}: Kafka egresses are parsed but not run yet by this version"
-            )
+            sinks.append(KafkaSink.from_spec(egress))
     job = Job(module, settings, sinks=sinks)
     sources: list[Source] = []
     for ingress in module.ingresses:
@@ -172,13 +185,12 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     ingress.reply_timeout.total_seconds(),
                     ingress.max_pending,
                     replies=job.replies,
+                    wal_dir=_wal_dir(settings, ingress.id),
                 )
             )
         elif isinstance(ingress, FileIngressSpec):
             sources.append(FileSource(ingress.id, ingress.path))
         elif isinstance(ingress, KafkaIngressSpec):
-            raise ConfigurationError(
-                f"{ingress.source}: Kafka ingresses are parsed but not run yet by this version"
-            )
+            sources.append(KafkaSource.from_spec(ingress))
     job.sources = sources
     return job

@@ -5,20 +5,52 @@ ranges when the parallelism changes. The values of one address are a small dict 
 name to a typed value (anything with ``typename``, ``has_value`` and ``value``). A backend
 never hands out a dict that it will mutate later, and never mutates a dict given to ``put``
 after the call: callers may keep either.
+
+Snapshots (checkpoints) happen in two steps so that processing stalls only briefly:
+
+1. ``snapshot()`` at the checkpoint's cut, on the event loop: O(key groups) or less, never
+   O(state). It fixes the state as it is at that instant; later ``put`` calls do not change it.
+2. ``StateSnapshot.write(directory, previous)`` in a worker thread while processing goes on:
+   writes the data under ``directory`` and returns a small JSON/msgpack-able manifest.
+   ``previous`` is the directory of the last completed checkpoint's state, if any: a backend
+   may share unchanged files with it (hard links) instead of writing them again.
+   ``release()`` then lets the backend forget the snapshot (call it in every case).
+
+``restore(directory, manifest, key_groups)`` loads a written snapshot into a backend, keeping
+only the key groups asked for (another parallelism may own another subset). The key group of
+each address is read from the snapshot, never recomputed. Restoring several snapshots into
+one backend merges them (rescaling from several owners of disjoint key groups).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["AddressKey", "StateBackend", "StateValues"]
+__all__ = ["AddressKey", "StateBackend", "StateSnapshot", "StateValues"]
 
 #: (function typename, id)
 AddressKey = tuple[str, str]
 #: state name -> typed value
 StateValues = Mapping[str, Any]
+
+
+class StateSnapshot(abc.ABC):
+    """The state at one checkpoint's cut, not yet written anywhere."""
+
+    @abc.abstractmethod
+    def write(self, directory: Path, previous: Path | None = None) -> dict[str, Any]:
+        """Write the snapshot under ``directory`` (blocking; run it in a worker thread).
+
+        Returns the manifest that ``StateBackend.restore`` takes back: plain data (str, int,
+        bool, lists, str-keyed dicts), with ``backend`` naming the format.
+        """
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Let the backend drop what it keeps for this snapshot (idempotent)."""
 
 
 class StateBackend(abc.ABC):
@@ -34,11 +66,28 @@ class StateBackend(abc.ABC):
 
     @abc.abstractmethod
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
-        """Every address with values in ``key_group``."""
+        """Every address with values in ``key_group`` (``put`` while iterating is allowed)."""
 
     @abc.abstractmethod
     def key_groups(self) -> list[int]:
         """The key groups that hold state."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> StateSnapshot:
+        """Fix the current state for a checkpoint; cheap (see the module docstring)."""
+
+    @abc.abstractmethod
+    def restore(
+        self,
+        directory: Path,
+        manifest: Mapping[str, Any],
+        key_groups: Collection[int] | None = None,
+    ) -> None:
+        """Add the state written by ``StateSnapshot.write`` (``None``: every key group).
+
+        Meant for a backend that is empty or holds other key groups than the snapshot's.
+        Any backend reads the format of any other (``manifest["backend"]``).
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

@@ -1,12 +1,46 @@
-"""In-memory state: a dict per key group, holding a dict of values per address."""
+"""In-memory state: a dict per key group, holding a dict of values per address.
+
+Snapshots are copy-on-write per key group: ``snapshot()`` keeps references to the current
+per-key-group dicts and marks those groups shared (O(key groups)); the next ``put`` into a
+shared group copies that group's dict first, once per snapshot. Values dicts are never
+changed in place, so the snapshot's groups stay as they were at the cut while a worker thread
+writes them out, one msgpack file per key group (``kg-00042.msgpack``), in chunks.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import os
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
-from statefun.state.base import AddressKey, StateBackend, StateValues
+import msgpack
 
-__all__ = ["MemoryStateBackend"]
+from statefun.state._codec import values_from_wire, values_to_wire
+from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
+
+__all__ = ["MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+#: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
+CHUNK = 2048
+
+
+def _group_file(key_group: int) -> str:
+    return f"kg-{key_group:05d}.msgpack"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class MemoryStateBackend(StateBackend):
@@ -14,6 +48,10 @@ class MemoryStateBackend(StateBackend):
 
     def __init__(self) -> None:
         self._groups: dict[int, dict[AddressKey, StateValues]] = {}
+        #: key groups whose dict a live snapshot references: copy before the next write
+        self._shared: set[int] = set()
+        self._live: list[MemoryStateSnapshot] = []
+        self._lock = threading.Lock()  # guards _live (release() may run in another thread)
 
     def get(self, key_group: int, key: AddressKey) -> StateValues | None:
         group = self._groups.get(key_group)
@@ -21,6 +59,11 @@ class MemoryStateBackend(StateBackend):
 
     def put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
         group = self._groups.get(key_group)
+        shared = self._shared
+        if shared and key_group in shared:
+            # Copy-on-write: the snapshot keeps the old dict.
+            group = self._groups[key_group] = dict(group or {})
+            shared.discard(key_group)
         if values:
             if group is None:
                 group = self._groups[key_group] = {}
@@ -33,3 +76,132 @@ class MemoryStateBackend(StateBackend):
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self) -> MemoryStateSnapshot:
+        groups = {k: v for k, v in self._groups.items() if v}
+        self._shared = set(groups)
+        snap = MemoryStateSnapshot(self, groups)
+        with self._lock:
+            self._live.append(snap)
+        return snap
+
+    def _release(self, snap: MemoryStateSnapshot) -> None:
+        with self._lock:
+            if snap in self._live:
+                self._live.remove(snap)
+            if not self._live:
+                # Rebinding is atomic: a put on the event loop sees the old set or the new one,
+                # and at worst copies a group once more.
+                self._shared = set()
+
+    def restore(
+        self,
+        directory: Path,
+        manifest: Mapping[str, Any],
+        key_groups: Collection[int] | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        if manifest.get("backend") == "rocksdb":
+            from statefun.state.rocksdb import read_rocksdb_snapshot
+
+            entries = read_rocksdb_snapshot(directory, manifest, key_groups)
+        else:
+            entries = read_memory_snapshot(directory, manifest, key_groups)
+        count = 0
+        groups = self._groups
+        for key_group, key, values in entries:
+            group = groups.get(key_group)
+            if group is None or key_group in self._shared:
+                group = groups[key_group] = dict(group or {})
+                self._shared.discard(key_group)
+            group[key] = values
+            count += 1
+        log.info(
+            "restored %d address(es) from %s in %.3f s",
+            count,
+            directory,
+            time.perf_counter() - started,
+        )
+
+
+class MemoryStateSnapshot(StateSnapshot):
+    """The per-key-group dicts as they were at the cut."""
+
+    def __init__(
+        self, backend: MemoryStateBackend, groups: dict[int, dict[AddressKey, StateValues]]
+    ) -> None:
+        self._backend: MemoryStateBackend | None = backend
+        self._groups = groups
+
+    def write(self, directory: Path, previous: Path | None = None) -> dict[str, Any]:
+        """One file per key group: a header, then chunks of ``[typename, id, values]``.
+
+        ``previous`` is not used: every checkpoint of the memory backend is complete.
+        """
+        if self._backend is None:
+            raise RuntimeError("this state snapshot was released")
+        directory.mkdir(parents=True, exist_ok=True)
+        total_bytes = 0
+        total_entries = 0
+        written: list[int] = []
+        groups = self._groups
+        for key_group in sorted(groups):
+            group = groups[key_group]
+            if not group:
+                continue
+            path = directory / _group_file(key_group)
+            with path.open("wb") as out:
+                out.write(msgpack.packb({"format": FORMAT, "key_group": key_group}))
+                entries = list(group.items())
+                for start in range(0, len(entries), CHUNK):
+                    chunk = [
+                        [key[0], key[1], values_to_wire(values)]
+                        for key, values in entries[start : start + CHUNK]
+                    ]
+                    out.write(msgpack.packb(chunk, use_bin_type=True))
+                    time.sleep(0)  # let the event loop have the GIL between chunks
+                out.flush()
+                os.fsync(out.fileno())
+                total_bytes += out.tell()
+            total_entries += len(entries)
+            written.append(key_group)
+        fsync_dir(directory)
+        return {
+            "backend": "memory",
+            "format": FORMAT,
+            "key_groups": written,
+            "entries": total_entries,
+            "bytes": total_bytes,
+        }
+
+    def release(self) -> None:
+        backend, self._backend = self._backend, None
+        self._groups = {}
+        if backend is not None:
+            backend._release(self)
+
+
+def read_memory_snapshot(
+    directory: Path, manifest: Mapping[str, Any], key_groups: Collection[int] | None
+) -> Iterator[tuple[int, AddressKey, dict[str, Any]]]:
+    """Every address of a memory-format snapshot in ``key_groups`` (None: all)."""
+    if manifest.get("backend") != "memory" or manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"not a memory state snapshot (format {FORMAT}): "
+            f"{manifest.get('backend')!r} format {manifest.get('format')!r}"
+        )
+    wanted = None if key_groups is None else set(key_groups)
+    for listed in manifest["key_groups"]:
+        if wanted is not None and listed not in wanted:
+            continue
+        with (directory / _group_file(listed)).open("rb") as data:
+            unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
+            header = next(unpacker)
+            key_group = int(header["key_group"])  # the stored key group is the truth
+            if wanted is not None and key_group not in wanted:
+                continue
+            for chunk in unpacker:
+                for typename, id_, wire in chunk:
+                    yield key_group, (typename, id_), values_from_wire(wire)

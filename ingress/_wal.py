@@ -1,0 +1,146 @@
+"""A write-ahead log for the HTTP ingress: what makes an HTTP request replayable.
+
+A message is acknowledged only once it is durable here. Records are appended to segment files
+(``wal-<first sequence number>.log``) and fsynced in groups: every request that arrived while
+the previous fsync ran shares the next one. Each record is framed as
+``length (4 bytes) | crc32 (4 bytes) | msgpack [seq, typename, id, caller, type, has, value]``;
+a torn record at the end of the last segment (a crash during a write) is cut off on open.
+
+The checkpoint keeps the sequence number of the last record handed to the runtime; after a
+restart every later record is replayed. Segments whose records are all covered by a complete
+checkpoint are deleted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+__all__ = ["WriteAheadLog"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<II")
+_SEGMENT_BYTES = 64 << 20
+
+
+def _segment_start(path: Path) -> int:
+    return int(path.stem.split("-", 1)[1])
+
+
+class WriteAheadLog:
+    """Append-only, fsynced in groups; blocking methods run in a worker thread."""
+
+    def __init__(self, directory: Path, segment_bytes: int = _SEGMENT_BYTES) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.last_seq = 0
+        self._file: Any = None
+        self._size = 0
+
+    def open(self) -> None:
+        """Find the last record (cutting off a torn tail) and open the last segment."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        segments = self.segments()
+        if segments:
+            last = segments[-1]
+            good, last_seq = self._scan(last)
+            if good < last.stat().st_size:
+                log.warning("WAL %s: cutting off a torn record at byte %d", last, good)
+                with last.open("r+b") as f:
+                    f.truncate(good)
+                    os.fsync(f.fileno())
+            if last_seq:
+                self.last_seq = last_seq
+            elif len(segments) > 1:
+                self.last_seq = self._scan(segments[-2])[1]
+            else:
+                self.last_seq = _segment_start(last) - 1
+            self._file = last.open("ab")
+            self._size = good
+        else:
+            self._new_segment()
+
+    def segments(self) -> list[Path]:
+        return sorted(self.directory.glob("wal-*.log"), key=_segment_start)
+
+    def _new_segment(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        path = self.directory / f"wal-{self.last_seq + 1:012d}.log"
+        self._file = path.open("ab")
+        self._size = 0
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def append(self, records: list[list[Any]]) -> int:
+        """Append records (each without its sequence number), fsync once; the last seq."""
+        if self._size >= self.segment_bytes:
+            self._new_segment()
+        chunks = []
+        for record in records:
+            self.last_seq += 1
+            body = msgpack.packb([self.last_seq, *record], use_bin_type=True)
+            chunks.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+        data = b"".join(chunks)
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._size += len(data)
+        return self.last_seq
+
+    def read_after(self, seq: int) -> Iterator[list[Any]]:
+        """Every record with a sequence number above ``seq``, in order: [seq, ...fields]."""
+        for segment in self.segments():
+            for _, record in self._records(segment):
+                if record[0] > seq:
+                    yield record
+
+    def trim(self, up_to_seq: int) -> int:
+        """Delete segments holding only records <= ``up_to_seq``; how many were deleted."""
+        segments = self.segments()
+        deleted = 0
+        for current, following in itertools.pairwise(segments):
+            if _segment_start(following) - 1 <= up_to_seq:
+                current.unlink(missing_ok=True)
+                deleted += 1
+            else:
+                break
+        return deleted
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @staticmethod
+    def _records(path: Path) -> Iterator[tuple[int, list[Any]]]:
+        """(offset after the record, record) of each whole, intact record of a segment."""
+        with path.open("rb") as f:
+            data = f.read()
+        offset = 0
+        while offset + _HEADER.size <= len(data):
+            length, crc = _HEADER.unpack_from(data, offset)
+            body = data[offset + _HEADER.size : offset + _HEADER.size + length]
+            if len(body) < length or zlib.crc32(body) != crc:
+                return
+            offset += _HEADER.size + length
+            yield offset, msgpack.unpackb(body, raw=False)
+
+    def _scan(self, path: Path) -> tuple[int, int]:
+        """(bytes of whole records, last seq in them) of a segment."""
+        good = last = 0
+        for end, record in self._records(path):
+            good, last = end, record[0]
+        return good, last

@@ -1,0 +1,296 @@
+"""Checkpoints of one runtime process: the protocol, and recovery.
+
+Inside one asyncio process, everything captured between two event-loop steps is a
+consistent cut: no message is half-way between two places. A checkpoint is taken in these
+steps (``CheckpointCoordinator.checkpoint``):
+
+1. **Cut** (synchronous, no ``await``): every source's position; a copy-on-write snapshot
+   of keyed state (O(key groups), not O(state)); every message inside the runtime - dispatcher
+   inboxes, mailboxes, and the inputs of batches in flight, whose effects are not applied
+   yet; pending delayed messages with their tokens; the state specs remote functions
+   registered; and each transactional sink seals the records since the previous cut as
+   transaction N (``pre_commit``). Replies to HTTP calls produced so far are sealed too.
+2. **Write** (in a worker thread, while processing goes on): the state snapshot, the
+   messages, the timers and the sinks' transactions into ``chk-N/``, each file fsynced.
+3. **Complete**: ``chk-N/_metadata`` is written last and atomically. Only now does the
+   checkpoint exist; a crash before this step leaves a folder that is never restored.
+4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
+   their positions are durable (Kafka offsets to the group, WAL trimming), and the sealed HTTP
+   replies are released.
+5. **Prune**: only the newest ``checkpoints_retained`` checkpoints are kept.
+
+Checkpoints never overlap: N+1 is cut only after N committed, so on recovery from N every
+earlier transaction is already committed and only N's may need finishing.
+
+Recovery (``restore``) reverses the cut: state (keeping the key groups this process owns),
+registered remote specs, delayed messages (absolute deadlines: overdue ones fire at once, in
+deadline order), messages re-sent through keyBy in their original per-address order (a batch
+that was in flight is sent again, so a remote function may see it twice; its state effects
+apply once), source positions, and ``recover`` of each sink's transaction N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from statefun._exceptions import ConfigurationError
+from statefun.checkpoint._codec import (
+    decode_envelopes,
+    decode_timers,
+    encode_envelopes,
+    encode_timers,
+)
+from statefun.checkpoint.storage import CheckpointStorage, CompletedCheckpoint
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import RemoteFunction, StateSpec
+
+if TYPE_CHECKING:
+    from statefun.runtime._job import Job
+
+__all__ = ["CheckpointCoordinator", "SimulatedCrash", "restore"]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a test hook between two steps of the protocol (never by the runtime)."""
+
+
+@dataclass
+class Cut:
+    """What step 1 captured."""
+
+    id: int
+    started: float
+    positions: dict[str, Any]
+    state: Any  # a StateSnapshot
+    messages: list[Envelope]
+    timers: list[Any]
+    remote_specs: dict[str, list[list[Any]]]
+    sinks: dict[str, Any]
+    replies: list[tuple[str, Any]] = field(default_factory=list)
+    stall_ms: float = 0.0
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with path.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+class CheckpointCoordinator:
+    """Takes checkpoints of ``job`` every ``interval_ms`` and on request (savepoints)."""
+
+    def __init__(
+        self,
+        job: Job,
+        storage: CheckpointStorage,
+        interval_ms: int,
+        savepoint_dir: Path | None = None,
+        hook: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.storage = storage
+        self.interval = interval_ms / 1000.0
+        self.savepoint_dir = savepoint_dir or storage.root.parent / "savepoints"
+        self._hook = hook
+        self._lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        self._next_id = storage.next_id()
+        self.completed = 0
+        self.last: CompletedCheckpoint | None = None
+        self.max_stall_ms = 0.0
+        self.last_duration_ms = 0.0
+
+    def _step(self, name: str, checkpoint_id: int) -> None:
+        if self._hook is not None:
+            self._hook(name, checkpoint_id)
+
+    async def run(self) -> None:
+        """Checkpoint periodically until ``stop``."""
+        while not self._stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.interval)
+            if not self._stopped.is_set():
+                await self.checkpoint()
+
+    async def stop(self) -> None:
+        """End the periodic checkpoints, letting one in progress finish."""
+        self._stopped.set()
+        async with self._lock:
+            pass
+
+    async def checkpoint(self, savepoint: bool = False) -> CompletedCheckpoint:
+        async with self._lock:
+            checkpoint_id = self._next_id
+            self._next_id += 1
+            # 1. Cut.
+            cut = self._cut(checkpoint_id)
+            self._step("cut", checkpoint_id)
+            try:
+                root = self.savepoint_dir if savepoint else None
+                folder = self.storage.begin(checkpoint_id, savepoint=savepoint, root=root)
+                # 2. Write.
+                files = await asyncio.to_thread(self._write, folder, cut)
+                self._step("written", checkpoint_id)
+                # 3. Complete: metadata last, atomically.
+                metadata = self._metadata(cut, files, savepoint)
+                completed = await asyncio.to_thread(self.storage.finish, folder, metadata)
+            finally:
+                release = getattr(cut.state, "release", None)
+                if release is not None:
+                    release()
+            self._step("completed", checkpoint_id)
+            # 4. Commit.
+            for egress_id in cut.sinks:
+                await self.job.sinks[egress_id].commit(checkpoint_id)
+                self._step("sink-committed", checkpoint_id)
+            for source in self.job.sources:
+                await source.notify_checkpoint_complete(checkpoint_id)
+            self.job.release_replies(cut.replies)
+            self._step("committed", checkpoint_id)
+            # 5. Prune.
+            if not savepoint:
+                await asyncio.to_thread(self.storage.prune)
+            self.completed += 1
+            self.last = completed
+            self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
+            log.debug(
+                "checkpoint %d complete in %.1f ms (cut %.2f ms, %d messages, %d timers)",
+                checkpoint_id,
+                self.last_duration_ms,
+                cut.stall_ms,
+                len(cut.messages),
+                len(cut.timers),
+            )
+            if savepoint:
+                log.info("savepoint %d written to %s", checkpoint_id, completed.path)
+            return completed
+
+    def _cut(self, checkpoint_id: int) -> Cut:
+        started = time.perf_counter()
+        job = self.job
+        cut = Cut(
+            id=checkpoint_id,
+            started=started,
+            positions={s.ingress_id: s.snapshot_position() for s in job.sources},
+            state=job.state.snapshot(),
+            messages=job.messages_in_flight(),
+            timers=list(job.timers.pending()),
+            remote_specs={
+                f.typename: [[s.name, s.typename, s.ttl_mode, s.ttl_ms] for s in f.specs.values()]
+                for f in job.functions.known()
+                if isinstance(f, RemoteFunction) and f.specs
+            },
+            sinks={
+                egress_id: sink.pre_commit(checkpoint_id)
+                for egress_id, sink in job.sinks.items()
+                if sink.transactional
+            },
+            replies=job.seal_replies(),
+        )
+        cut.stall_ms = (time.perf_counter() - started) * 1000
+        self.max_stall_ms = max(self.max_stall_ms, cut.stall_ms)
+        return cut
+
+    @staticmethod
+    def _write(folder: Path, cut: Cut) -> dict[str, Any]:
+        state_dir = folder / "state"
+        state_dir.mkdir()
+        manifest = cut.state.write(state_dir, None)
+        _write_file(folder / "messages.bin", encode_envelopes(cut.messages))
+        _write_file(folder / "timers.bin", encode_timers(cut.timers))
+        _write_file(folder / "sinks.bin", bytes(msgpack.packb(cut.sinks, use_bin_type=True)))
+        return {"state": manifest}
+
+    def _metadata(self, cut: Cut, files: dict[str, Any], savepoint: bool) -> dict[str, Any]:
+        settings = self.job.settings
+        return {
+            "format": FORMAT_VERSION,
+            "id": cut.id,
+            "savepoint": savepoint,
+            "created_ms": int(time.time() * 1000),
+            "parallelism": settings.parallelism,
+            "max_parallelism": settings.max_parallelism,
+            "state_backend": settings.state_backend,
+            "positions": cut.positions,
+            "remote_specs": cut.remote_specs,
+            "messages": len(cut.messages),
+            "timers": len(cut.timers),
+            "sinks": sorted(cut.sinks),
+            **files,
+        }
+
+
+def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:
+    """Put ``job`` back where ``checkpoint`` was cut (before the job starts running).
+
+    Sources and sinks are restored asynchronously by the job (positions, transactions).
+    """
+    metadata = checkpoint.metadata
+    if metadata.get("format") != FORMAT_VERSION:
+        raise ConfigurationError(
+            f"{checkpoint.path}: checkpoint format {metadata.get('format')!r} is not supported"
+        )
+    settings = job.settings
+    if metadata["max_parallelism"] != settings.max_parallelism:
+        raise ConfigurationError(
+            f"{checkpoint.path} was written with max_parallelism {metadata['max_parallelism']}; "
+            f"restore it with the same max_parallelism (now {settings.max_parallelism})"
+        )
+    job.state.restore(checkpoint.path / "state", metadata["state"], None)
+    _check_function_types(job, checkpoint, allow_dropping_state)
+    for typename, specs in metadata.get("remote_specs", {}).items():
+        function = job.functions.resolve(typename)
+        if isinstance(function, RemoteFunction):
+            for name, state_typename, mode, ttl_ms in specs:
+                function.specs[name] = StateSpec(name, state_typename, int(mode), int(ttl_ms))
+    for deadline, sender, token, envelope in decode_timers(
+        (checkpoint.path / "timers.bin").read_bytes()
+    ):
+        job.timers.add(deadline, envelope, sender, token)
+    for envelope in decode_envelopes((checkpoint.path / "messages.bin").read_bytes()):
+        job.send(envelope)
+    job.restored_positions = dict(metadata.get("positions", {}))
+    job.restored_sinks = msgpack.unpackb((checkpoint.path / "sinks.bin").read_bytes(), raw=False)
+    log.info(
+        "restored %s %d from %s: %d message(s) in flight, %d delayed message(s)",
+        "savepoint" if checkpoint.is_savepoint else "checkpoint",
+        checkpoint.id,
+        checkpoint.path,
+        metadata.get("messages", 0),
+        metadata.get("timers", 0),
+    )
+
+
+def _check_function_types(job: Job, checkpoint: CompletedCheckpoint, allow_dropping: bool) -> None:
+    """State of a function type the module no longer has: an error, or dropped if allowed."""
+    state = job.state
+    orphans: dict[str, int] = {}
+    for key_group in state.key_groups():
+        for (typename, id_), _values in state.items(key_group):
+            if job.functions.resolve(typename) is None:
+                orphans[typename] = orphans.get(typename, 0) + 1
+                if allow_dropping:
+                    state.put(key_group, (typename, id_), {})
+    if orphans and not allow_dropping:
+        listed = ", ".join(f"{t} ({n} address(es))" for t, n in sorted(orphans.items()))
+        raise ConfigurationError(
+            f"{checkpoint.path} holds state of function types the module no longer has: "
+            f"{listed}; allow dropping it with --allow-dropping-state"
+        )
+    for typename, count in orphans.items():
+        log.warning("dropped the state of %d address(es) of %s", count, typename)
