@@ -83,7 +83,9 @@ class HttpSource(Source):
         app.router.add_post("/messages/{namespace}/{type}/{id}", self._send)
         app.router.add_post("/call/{namespace}/{type}/{id}", self._call)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=2.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -100,12 +102,15 @@ class HttpSource(Source):
         await asyncio.Event().wait()  # requests arrive through the handlers
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        # Requests still waiting for the WAL get a 503 first, so that stopping the server
+        # does not wait for them.
         for _, future in self._group:
             if not future.done():
                 future.set_exception(web.HTTPServiceUnavailable(text="the job is stopping"))
+        self._group.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
         if self.wal is not None:
             self.wal.close()
 

@@ -144,7 +144,8 @@ class CheckpointCoordinator:
                 root = self.savepoint_dir if savepoint else None
                 folder = self.storage.begin(checkpoint_id, savepoint=savepoint, root=root)
                 # 2. Write.
-                files = await asyncio.to_thread(self._write, folder, cut)
+                previous = None if savepoint or self.last is None else self.last.path / "state"
+                files = await asyncio.to_thread(self._write, folder, cut, previous)
                 self._step("written", checkpoint_id)
                 # 3. Complete: metadata last, atomically.
                 metadata = self._metadata(cut, files, savepoint)
@@ -153,6 +154,8 @@ class CheckpointCoordinator:
                 release = getattr(cut.state, "release", None)
                 if release is not None:
                     release()
+            self.completed += 1
+            self.last = completed
             self._step("completed", checkpoint_id)
             # 4. Commit.
             for egress_id in cut.sinks:
@@ -165,8 +168,6 @@ class CheckpointCoordinator:
             # 5. Prune.
             if not savepoint:
                 await asyncio.to_thread(self.storage.prune)
-            self.completed += 1
-            self.last = completed
             self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
             log.debug(
                 "checkpoint %d complete in %.1f ms (cut %.2f ms, %d messages, %d timers)",
@@ -207,10 +208,12 @@ class CheckpointCoordinator:
         return cut
 
     @staticmethod
-    def _write(folder: Path, cut: Cut) -> dict[str, Any]:
+    def _write(folder: Path, cut: Cut, previous: Path | None) -> dict[str, Any]:
         state_dir = folder / "state"
         state_dir.mkdir()
-        manifest = cut.state.write(state_dir, None)
+        if previous is not None and not previous.is_dir():
+            previous = None
+        manifest = cut.state.write(state_dir, previous)
         _write_file(folder / "messages.bin", encode_envelopes(cut.messages))
         _write_file(folder / "timers.bin", encode_timers(cut.timers))
         _write_file(folder / "sinks.bin", bytes(msgpack.packb(cut.sinks, use_bin_type=True)))

@@ -50,6 +50,14 @@ log = logging.getLogger(__name__)
 REPLY_TYPENAME = "pystatefun.http/reply"
 
 
+def _make_state_backend(settings: Settings) -> StateBackend:
+    if settings.state_backend == "rocksdb":
+        from statefun.state.rocksdb import RocksDBStateBackend
+
+        return RocksDBStateBackend(settings.state_dir)
+    return MemoryStateBackend()
+
+
 class Job:
     """One runtime process running a module."""
 
@@ -65,7 +73,7 @@ class Job:
         self.module = module
         self.settings = settings or Settings()
         self.functions = FunctionRegistry(module)
-        self.state: StateBackend = state or MemoryStateBackend()
+        self.state: StateBackend = state or _make_state_backend(self.settings)
         self.client = RemoteClient(
             max_connections=self.settings.remote_max_connections,
             initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
@@ -398,6 +406,7 @@ class Job:
             for source in self.sources:
                 await source.close()
             await self.client.close()
+            self.state.close()
             return
         if self._failure is None:
             # Let batches in flight finish, so their effects reach the sinks.
@@ -434,4 +443,5 @@ class Job:
         await self.client.close()
         if self.admin is not None:
             await self.admin.close()
+        self.state.close()
         log.info("job stopped: %d message(s) still in flight", self.pending)

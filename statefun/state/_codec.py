@@ -13,8 +13,9 @@ big-endian bytes, so the addresses of one key group are one prefix scan, in key-
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -29,6 +30,7 @@ __all__ = [
     "encode_key",
     "encode_values",
     "key_group_prefix",
+    "pack_entries",
     "values_from_wire",
     "values_to_wire",
 ]
@@ -63,6 +65,33 @@ def values_to_wire(values: Mapping[str, Any]) -> dict[str, list[Any]]:
         else:
             wire[name] = [typed.typename, value, int(deadline)]
     return wire
+
+
+def pack_entries(entries: Iterator[tuple[AddressKey, Mapping[str, Any]]], count: int) -> bytes:
+    """The next ``count`` entries as ``[[typename, id, values_to_wire(values)], ...]``.
+
+    The same bytes as packing the nested lists, streamed instead of built: several times
+    faster, and no garbage for the cyclic GC to walk while a large snapshot is written.
+    ``entries`` must hold at least ``count`` more items.
+    """
+    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    pack = packer.pack
+    array = packer.pack_array_header
+    array(count)
+    for (typename, id_), values in itertools.islice(entries, count):
+        array(3)
+        pack(typename)
+        pack(id_)
+        packer.pack_map_header(len(values))
+        for name, typed in values.items():
+            deadline = None if type(typed) is TypedValue else getattr(typed, "deadline_ms", None)
+            pack(name)
+            array(2 if deadline is None else 3)
+            pack(typed.typename)
+            pack(typed.value if typed.has_value else None)
+            if deadline is not None:
+                pack(int(deadline))
+    return bytes(packer.bytes())
 
 
 def values_from_wire(wire: Mapping[str, Any]) -> dict[str, Any]:

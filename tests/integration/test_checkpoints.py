@@ -94,8 +94,9 @@ async def test_without_crash_every_effect_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("where", ["embedded", "remote"])
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 async def test_crash_between_protocol_steps(
-    tmp_path: Path, step: str, where: str, remote: HttpEndpointSpec
+    tmp_path: Path, step: str, where: str, backend: str, remote: HttpEndpointSpec
 ) -> None:
     endpoint = embedded() if where == "embedded" else remote
     write_input(tmp_path / "in.jsonl", ids=20, per_id=1000 if where == "embedded" else 40)
@@ -104,12 +105,13 @@ async def test_crash_between_protocol_steps(
         if name == step and checkpoint_id == 1:
             raise SimulatedCrash(f"crash after step {name!r} of checkpoint {checkpoint_id}")
 
-    first = make_job(tmp_path, endpoint, crash)
+    state = {"state_backend": backend, "state_dir": str(tmp_path / "state")}
+    first = make_job(tmp_path, endpoint, crash, **state)
     with pytest.raises(JobFailedError, match="crash after step"):
         await first.run()
     before = output(tmp_path / "out.jsonl")
     assert before != expected(20, 1000 if where == "embedded" else 40)  # the crash cut it short
-    second = make_job(tmp_path, endpoint)
+    second = make_job(tmp_path, endpoint, **state)
     await second.run()
     assert output(tmp_path / "out.jsonl") == expected(20, 1000 if where == "embedded" else 40)
 
