@@ -184,6 +184,9 @@ class Dispatcher:
             )
             return 1
         self.busy[key] = deque()
+        # In flight from now on (not from when the task first runs): a checkpoint cut in
+        # between must still see this message.
+        self.in_flight[key] = [envelope]
         task = asyncio.get_running_loop().create_task(
             self._run_batches(function, key, key_group, [envelope])
         )

@@ -152,3 +152,22 @@ async def test_half_written_checkpoint_is_never_restored(tmp_path: Path) -> None
     assert not bogus.exists()
     assert output(tmp_path / "out.jsonl") == expected(5, 5)
     assert latest.exists() or job.checkpoints is not None
+
+
+async def test_a_batch_is_in_flight_from_the_moment_it_is_dispatched() -> None:
+    """Regression: a cut between dispatching a batch and its task's first step lost it."""
+    from statefun.runtime._envelope import Envelope
+    from statefun.sdk import StringType, TypedValue
+
+    endpoint = HttpEndpointSpec(FunctionTarget("test", None), "http://127.0.0.1:9/statefun")
+    job = Job(ModuleSpec(endpoints=(endpoint,)), Settings())
+    value = TypedValue(StringType.typename, StringType.serializer().serialize("x"))
+    dispatcher = job.dispatchers[0]
+    dispatcher._dispatch(Envelope("test/counter", "a", value, None), 0)
+    try:
+        (held,) = job.messages_in_flight()  # synchronously: the task has not run yet
+        assert (held.typename, held.id) == ("test/counter", "a")
+    finally:
+        dispatcher.cancel()
+        await dispatcher.drain()
+        await job.client.close()
