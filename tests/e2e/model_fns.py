@@ -16,7 +16,7 @@ def command(text: str) -> tuple[str, int]:
 
 @functions.bind("model/counter", specs=[ValueSpec("count", IntType)])
 def counter(context: Context, message: Message) -> None:
-    op, seq = command(message.as_string())
+    _op, seq = command(message.as_string())
     count = (context.storage.count or 0) + 1
     context.storage.count = count
     key = context.address.id
