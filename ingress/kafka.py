@@ -1,0 +1,589 @@
+"""``io.statefun.kafka.v1/ingress``: records from Kafka topics, routed as StateFun routes them.
+
+Each record of a topic goes to every function type in the topic's ``targets``: the record key
+(UTF-8) is the function id and the value bytes are the message's value as they are, named with
+the topic's ``valueType`` (StateFun's routable Kafka ingress does the same; no wrapper).
+
+* Partitions are assigned by the runtime - every partition of every topic, the way Flink's
+  Kafka source does - not by consumer-group rebalancing. Partitions and topics that appear
+  later are found by a periodic discovery and read from their beginning.
+* The offsets live in the checkpoint (``snapshot_position``: the next offset of every
+  partition, counting only records already emitted). ``notify_checkpoint_complete`` also
+  commits them to the consumer group, if one is set, for monitoring tools.
+* kafka-python is a blocking client: every consumer call runs on one dedicated thread; the
+  event loop only routes the polled batches (one batch is fetched ahead).
+* A record that cannot become a message (no key, a key that is not UTF-8, no value, a value
+  that is not valid for a built-in ``valueType``, a target no endpoint serves) is logged with
+  its topic, partition and offset, sent to the dead-letter topic if
+  ``pystatefun.dead-letter.topic`` is set, and skipped. It never stops the job.
+
+See docs/kafka.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from google.protobuf.message import DecodeError
+
+from statefun._exceptions import ConfigurationError
+from statefun.ingress._records import BUILTIN_TYPES
+from statefun.ingress.base import IngressContext, Source
+from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
+from statefun.sdk._types import TypedValue
+
+__all__ = [
+    "DEAD_LETTER_TOPIC",
+    "DISCOVERY_INTERVAL",
+    "KafkaSource",
+    "import_kafka",
+    "kafka_client_config",
+]
+
+log = logging.getLogger(__name__)
+
+#: Property: the topic that receives records the ingress (or egress) cannot handle.
+DEAD_LETTER_TOPIC = "pystatefun.dead-letter.topic"
+#: Property: how often to look for new partitions and for topics that did not exist yet.
+DISCOVERY_INTERVAL = "pystatefun.partition-discovery.interval.ms"
+
+_POLL_TIMEOUT_MS = 200
+_T = TypeVar("_T")
+Startup = Literal["earliest", "latest", "group-offsets", "specific-offsets", "date"]
+
+
+# -- kafka-python and Kafka properties -----------------------------------------------------------
+
+
+def import_kafka() -> Any:
+    """The ``kafka`` package (imported on first use: it takes ~0.1 s and most jobs need none)."""
+    with warnings.catch_warnings():
+        # kafka-python 3.0 reads its protocol schemas with importlib.resources.read_text/open_text
+        warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
+        import kafka
+        import kafka.errors
+        import kafka.structs
+    global _QUIETED
+    if not _QUIETED:
+        _QUIETED = True
+        logging.getLogger("kafka.cluster").addFilter(_drop_cancelled_refresh)
+        library = logging.getLogger("kafka")
+        if library.level == logging.NOTSET:  # its INFO lines (every connection) drown ours
+            library.setLevel(logging.WARNING)
+    return kafka
+
+
+_QUIETED = False
+
+
+def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
+    """kafka-python logs an ERROR when a client closes during a metadata refresh: noise."""
+    args = record.args
+    return not (
+        record.msg == "Metadata refresh: failed %s"
+        and isinstance(args, tuple)
+        and bool(args)
+        and type(args[0]).__name__ == "Cancelled"
+    )
+
+
+_JAAS_USER = re.compile(r'username\s*=\s*"([^"]*)"')
+_JAAS_PASSWORD = re.compile(r'password\s*=\s*"([^"]*)"')
+# kafka-python settings that take objects, not text: never from properties.
+_OBJECT_KEYS = {"key_deserializer", "value_deserializer", "key_serializer", "value_serializer"}
+_INT_KEYS = {"receive_buffer_bytes", "send_buffer_bytes"}
+
+
+def kafka_client_config(
+    properties: Mapping[str, str], defaults: Mapping[str, Any], *, owner: str, warn: bool = True
+) -> dict[str, Any]:
+    """kafka-python settings from Kafka (Java) client properties.
+
+    ``security.protocol`` becomes ``security_protocol`` and so on, converted to the type of
+    kafka-python's default; ``sasl.jaas.config`` gives the PLAIN/SCRAM user name and password.
+    ``pystatefun.*`` properties and names kafka-python does not know are left out (the latter
+    with a warning that names the property). Values are never logged: they may be secrets.
+    """
+    config: dict[str, Any] = {}
+    for name, text in properties.items():
+        if name.startswith("pystatefun."):
+            continue
+        if name == "sasl.jaas.config":
+            user, password = _JAAS_USER.search(text), _JAAS_PASSWORD.search(text)
+            if user and password:
+                config["sasl_plain_username"] = user.group(1)
+                config["sasl_plain_password"] = password.group(1)
+            elif warn:
+                log.warning(
+                    '%s: property sasl.jaas.config: only username="..." password="..." '
+                    "(PLAIN, SCRAM) is understood; ignored",
+                    owner,
+                )
+            continue
+        key = name.replace(".", "_").replace("-", "_")
+        default = defaults.get(key, ...)
+        settable = default is None or isinstance(default, str | int | float)
+        if key in _OBJECT_KEYS or default is ... or not settable:
+            if warn:
+                log.warning("%s: Kafka property %s is not supported here; ignored", owner, name)
+            continue
+        try:
+            config[key] = _coerce(key, text, default)
+        except ValueError:
+            kind = "true or false" if isinstance(default, bool) else "a number"
+            raise ConfigurationError(f"{owner}: Kafka property {name}: expected {kind}") from None
+    return config
+
+
+def _coerce(key: str, text: str, default: Any) -> Any:
+    if key == "acks":
+        return "all" if text.strip().lower() == "all" else int(text)
+    if key == "compression_type":
+        return None if text.strip().lower() == "none" else text
+    if isinstance(default, bool):
+        lowered = text.strip().lower()
+        if lowered not in ("true", "false"):
+            raise ValueError(text)
+        return lowered == "true"
+    if isinstance(default, int) or key in _INT_KEYS:
+        return int(text)
+    if isinstance(default, float):
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+    return text
+
+
+def _interval_ms(properties: Mapping[str, str], name: str, default: int, owner: str) -> int:
+    text = properties.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(f"{owner}: property {name}: expected milliseconds > 0")
+    return value
+
+
+def _partition_key(text: str) -> tuple[str, int]:
+    topic, _, partition = text.rpartition(":")
+    if not topic or not partition.isdigit():
+        raise ValueError(f"not 'topic:partition': {text!r}")
+    return topic, int(partition)
+
+
+# -- the source ----------------------------------------------------------------------------------
+
+
+class _Route:
+    """Where the records of one topic go."""
+
+    __slots__ = ("targets", "unknown", "validate", "value_type")
+
+    def __init__(self, spec: KafkaTopicSpec, context: IngressContext) -> None:
+        self.value_type = spec.value_type
+        self.targets = [t for t in spec.targets if context.is_function_type(t)]
+        self.unknown = [t for t in spec.targets if not context.is_function_type(t)]
+        builtin = BUILTIN_TYPES.get(spec.value_type)
+        self.validate = None if builtin is None else builtin.serializer().deserialize
+
+
+class KafkaSource(Source):
+    """Reads Kafka topics with kafka-python on a dedicated thread (unbounded)."""
+
+    def __init__(
+        self,
+        ingress_id: str,
+        bootstrap_servers: str,
+        topics: Sequence[KafkaTopicSpec],
+        *,
+        group_id: str = "",
+        startup_position: Startup = "latest",
+        startup_offsets: Mapping[tuple[str, int], int] | None = None,
+        startup_timestamp_ms: int | None = None,
+        auto_offset_reset: Literal["earliest", "latest"] = "latest",
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(ingress_id)
+        if not topics:
+            raise ConfigurationError(f"ingress {ingress_id}: no topics")
+        if startup_position == "group-offsets" and not group_id:
+            raise ConfigurationError(f"ingress {ingress_id}: 'group-offsets' needs a group id")
+        if startup_position == "date" and startup_timestamp_ms is None:
+            raise ConfigurationError(f"ingress {ingress_id}: 'date' needs a startup date")
+        owner = f"ingress {ingress_id}"
+        props = dict(properties or {})
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = {t.topic: t for t in topics}
+        self.group_id = group_id
+        self.startup_position: Startup = startup_position
+        self.startup_offsets = dict(startup_offsets or {})
+        self.startup_timestamp_ms = startup_timestamp_ms
+        self.auto_offset_reset = auto_offset_reset
+        self.dead_letter_topic = props.get(DEAD_LETTER_TOPIC) or None
+        self.discovery_interval_s = _interval_ms(props, DISCOVERY_INTERVAL, 10_000, owner) / 1000
+        kafka = import_kafka()
+        self._consumer_config = kafka_client_config(
+            props, kafka.KafkaConsumer.DEFAULT_CONFIG, owner=owner
+        )
+        self._consumer_config.setdefault("allow_auto_create_topics", False)
+        self._consumer_config.update(
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id or None,
+            enable_auto_commit=False,
+            auto_offset_reset=auto_offset_reset,
+        )
+        self._producer_config = kafka_client_config(
+            props, kafka.KafkaProducer.DEFAULT_CONFIG, owner=owner, warn=False
+        )
+        self._producer_config.pop("transactional_id", None)
+        self._producer_config["bootstrap_servers"] = bootstrap_servers
+        self.batch_size = int(self._consumer_config.get("max_poll_records", 500))
+        # (topic, partition) -> offset of the next record to emit: only the loop changes it.
+        self._positions: dict[tuple[str, int], int] = {}
+        self._restored: dict[tuple[str, int], int] = {}
+        self._was_restored = False
+        self._started = False  # partitions assigned and start offsets resolved
+        self._reseek = False  # restored after start(): run() assigns again
+        self._assigned: set[tuple[str, int]] = set()
+        self._missing: set[str] = set()
+        self._last_snapshot: dict[str, int] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-source-{ingress_id}")
+        self._consumer: Any = None
+        self._producer: Any = None  # for dead letters; thread-safe, used via asyncio.to_thread
+        self.emitted = 0
+        self.rejected = 0
+
+    @classmethod
+    def from_spec(cls, spec: KafkaIngressSpec) -> KafkaSource:
+        return cls(
+            spec.id,
+            spec.address,
+            spec.topics,
+            group_id=spec.consumer_group_id,
+            startup_position=spec.startup_position,
+            startup_offsets=spec.startup_offsets,
+            startup_timestamp_ms=spec.startup_timestamp_ms,
+            auto_offset_reset=spec.auto_offset_reset,
+            properties=spec.properties,
+        )
+
+    def describe(self) -> str:
+        return f"KafkaSource({self.ingress_id}: {', '.join(self.topics)})"
+
+    # -- the consumer thread ----------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _open(self) -> None:
+        if self._consumer is not None:
+            return
+        kafka = import_kafka()
+        try:
+            self._consumer = kafka.KafkaConsumer(**self._consumer_config)
+        except kafka.errors.KafkaError as exc:
+            raise ConnectionError(
+                f"ingress {self.ingress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
+            ) from exc
+
+    def _partitions(self) -> tuple[list[tuple[str, int]], list[str]]:
+        """Every partition of the topics that exist, and the topics that do not."""
+        found: list[tuple[str, int]] = []
+        missing: list[str] = []
+        for topic in self.topics:
+            partitions = self._consumer.partitions_for_topic(topic)
+            if partitions:
+                found.extend((topic, p) for p in sorted(partitions))
+            else:
+                missing.append(topic)
+        return found, missing
+
+    def _assign(self, first: bool) -> tuple[dict[tuple[str, int], int], list[str]]:
+        """Assign every partition; seek the new ones. Their start offsets, and missing topics."""
+        kafka = import_kafka()
+        found, missing = self._partitions()
+        new = [p for p in found if p not in self._assigned]
+        if not new:
+            return {}, missing
+        starts = self._start_offsets(new, first)
+        self._consumer.assign([kafka.TopicPartition(t, p) for t, p in found])
+        for (topic, partition), offset in starts.items():
+            self._consumer.seek(kafka.TopicPartition(topic, partition), offset)
+        self._assigned.update(new)
+        return starts, missing
+
+    def _start_offsets(
+        self, partitions: list[tuple[str, int]], first: bool
+    ) -> dict[tuple[str, int], int]:
+        kafka = import_kafka()
+        consumer = self._consumer
+        result: dict[tuple[str, int], int] = {}
+        todo: list[Any] = []
+        for key in partitions:
+            if key in self._restored:
+                result[key] = self._restored[key]
+            else:
+                todo.append(kafka.TopicPartition(*key))
+        if not todo:
+            return result
+        # No checkpointed offset: the startup position at the first start; partitions found
+        # later (or missing from a restored checkpoint) start at their beginning, as in Flink.
+        mode = self.startup_position if first and not self._was_restored else "earliest"
+        fallback: list[Any] = []
+        if mode == "earliest":
+            fallback = todo
+        elif mode == "latest":
+            result.update(_keyed(consumer.end_offsets(todo)))
+        elif mode == "date":
+            stamps = consumer.offsets_for_times({tp: self.startup_timestamp_ms for tp in todo})
+            ends = _keyed(consumer.end_offsets(todo))
+            for tp in todo:
+                found = stamps.get(tp)
+                result[(tp.topic, tp.partition)] = (
+                    ends[(tp.topic, tp.partition)] if found is None else int(found.offset)
+                )
+        else:  # group-offsets, specific-offsets (partitions not listed: group offsets, as Flink)
+            for tp in todo:
+                offset = self.startup_offsets.get((tp.topic, tp.partition))
+                if offset is None and self.group_id:
+                    offset = consumer.committed(tp)
+                if offset is None:
+                    fallback.append(tp)
+                else:
+                    result[(tp.topic, tp.partition)] = int(offset)
+        if fallback:
+            if mode == "earliest" or self.auto_offset_reset == "earliest":
+                result.update(_keyed(consumer.beginning_offsets(fallback)))
+            else:
+                result.update(_keyed(consumer.end_offsets(fallback)))
+        return result
+
+    def _poll(self) -> list[Any]:
+        if not self._assigned:
+            time.sleep(_POLL_TIMEOUT_MS / 1000)
+            return []
+        polled = self._consumer.poll(timeout_ms=_POLL_TIMEOUT_MS, max_records=self.batch_size)
+        return [record for records in polled.values() for record in records]
+
+    def _commit(self, positions: dict[tuple[str, int], int]) -> None:
+        kafka = import_kafka()
+        offsets = {
+            kafka.TopicPartition(t, p): kafka.structs.OffsetAndMetadata(o, "", -1)
+            for (t, p), o in positions.items()
+        }
+        self._consumer.commit(offsets)
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.close(timeout=10)
+            self._producer = None
+
+    # -- the Source interface ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, assign every partition and fix the start offsets.
+
+        The offsets are resolved here, before the job runs, so that a checkpoint taken before
+        the first record holds real offsets (``latest`` now, not ``latest`` at a restart).
+        """
+        await self._call(self._open)
+        await self._discover(first=True)
+        self._started = True
+
+    def _report_missing(self, missing: Iterable[str]) -> None:
+        now = set(missing)
+        for topic in sorted(now - self._missing):
+            log.error(
+                "ingress %s: topic %r does not exist (or is not visible); reading the other "
+                "topics, and looking for it again every %g s",
+                self.ingress_id,
+                topic,
+                self.discovery_interval_s,
+            )
+        for topic in sorted(self._missing - now):
+            log.info(
+                "ingress %s: topic %r found; reading it from its start", self.ingress_id, topic
+            )
+        self._missing = now
+
+    async def run(self, context: IngressContext) -> None:
+        loop = asyncio.get_running_loop()
+        if not self._started or self._reseek:  # restored after start(): seek again
+            await self._call(self._open)
+            self._assigned.clear()
+            await self._discover(first=True)
+            self._started, self._reseek = True, False
+        routes = {name: _Route(spec, context) for name, spec in self.topics.items()}
+        for name, route in routes.items():
+            if route.unknown:
+                log.error(
+                    "ingress %s: topic %r targets %s, which no endpoint of the module serves; "
+                    "their records are skipped (and sent to the dead-letter topic, if set)",
+                    self.ingress_id,
+                    name,
+                    ", ".join(route.unknown),
+                )
+        next_discovery = loop.time() + self.discovery_interval_s
+        polling = self._call(self._poll)
+        try:
+            while True:
+                batch = await polling
+                if loop.time() >= next_discovery:
+                    await self._discover(first=False)
+                    next_discovery = loop.time() + self.discovery_interval_s
+                polling = self._call(self._poll)  # fetch the next batch while routing this one
+                for record in batch:
+                    await context.room()
+                    reason = self._route(record, routes[record.topic], context)
+                    if reason is not None:
+                        await self._reject(record, reason)
+                        self._positions[(record.topic, record.partition)] = record.offset + 1
+        finally:
+            polling.cancel()
+
+    async def _discover(self, first: bool) -> None:
+        starts, missing = await self._call(self._assign, first)
+        for key, offset in starts.items():
+            self._positions[key] = offset
+        self._report_missing(missing)
+
+    def _route(self, record: Any, route: _Route, context: IngressContext) -> str | None:
+        """Emit one record and move its position (no await: one loop step), or say why not.
+
+        A record for some unknown targets is emitted to the known ones and moves the position;
+        the reason returned is then only for the dead letters.
+        """
+        if record.key is None:
+            return "the record has no key (the key is the function id)"
+        if record.value is None:
+            return "the record has no value"
+        try:
+            id_ = record.key.decode("utf-8")
+        except UnicodeDecodeError:
+            return "the record key is not UTF-8 text"
+        if route.validate is not None:
+            try:
+                route.validate(record.value)
+            except (DecodeError, ValueError, TypeError) as exc:
+                return f"the value is not a valid {route.value_type}: {exc}"
+        if not route.targets:
+            return f"no endpoint serves {', '.join(route.unknown)}"
+        value = TypedValue(route.value_type, record.value)
+        for target in route.targets:
+            context.emit(target, id_, value)
+        self.emitted += 1
+        self._positions[(record.topic, record.partition)] = record.offset + 1
+        if route.unknown:
+            return f"no endpoint serves {', '.join(route.unknown)}"
+        return None
+
+    async def _reject(self, record: Any, reason: str) -> None:
+        self.rejected += 1
+        log.error(
+            "ingress %s: record %s/%d at offset %d skipped: %s",
+            self.ingress_id,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+        )
+        if self.dead_letter_topic is None:
+            return
+        try:
+            await asyncio.to_thread(self._send_dead_letter, record, reason)
+        except Exception as exc:
+            log.error(
+                "ingress %s: cannot write record %s/%d at offset %d to dead-letter topic %s: %s",
+                self.ingress_id,
+                record.topic,
+                record.partition,
+                record.offset,
+                self.dead_letter_topic,
+                exc,
+            )
+
+    def _send_dead_letter(self, record: Any, reason: str) -> None:
+        if self._producer is None:
+            self._producer = import_kafka().KafkaProducer(**self._producer_config)
+        headers = [*(record.headers or [])]
+        headers += [
+            ("pystatefun.ingress", self.ingress_id.encode()),
+            ("pystatefun.topic", record.topic.encode()),
+            ("pystatefun.partition", str(record.partition).encode()),
+            ("pystatefun.offset", str(record.offset).encode()),
+            ("pystatefun.reason", reason.encode()),
+        ]
+        self._producer.send(
+            self.dead_letter_topic, key=record.key, value=record.value, headers=headers
+        ).get(timeout=30)
+
+    async def close(self) -> None:
+        try:
+            await self._call(self._close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def snapshot_position(self) -> dict[str, int]:
+        snapshot = {f"{t}:{p}": o for (t, p), o in self._positions.items()}
+        self._last_snapshot = snapshot
+        return snapshot
+
+    async def restore_position(self, position: Any) -> None:
+        if position is None:
+            return
+        if not isinstance(position, dict):
+            raise ConfigurationError(
+                f"ingress {self.ingress_id}: a checkpointed position must be a mapping"
+            )
+        restored: dict[tuple[str, int], int] = {}
+        for text, offset in position.items():
+            try:
+                topic, partition = _partition_key(str(text))
+            except ValueError as exc:
+                raise ConfigurationError(f"ingress {self.ingress_id}: {exc}") from None
+            if topic in self.topics:
+                restored[(topic, partition)] = int(offset)
+        self._restored = restored
+        self._was_restored = True
+        self._positions = dict(restored)
+        self._reseek = self._started
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Commit the offsets of the latest snapshot to the consumer group (for monitoring).
+
+        Checkpoints are taken one at a time, so the latest snapshot is the completed one's.
+        """
+        snapshot, self._last_snapshot = self._last_snapshot, None
+        if not self.group_id or not snapshot or self._consumer is None:
+            return
+        positions = {_partition_key(k): v for k, v in snapshot.items()}
+        try:
+            await self._call(self._commit, positions)
+        except Exception as exc:
+            log.warning(
+                "ingress %s: offsets of checkpoint %d not committed to group %s: %s",
+                self.ingress_id,
+                checkpoint_id,
+                self.group_id,
+                exc,
+            )
+
+
+def _keyed(offsets: Mapping[Any, int]) -> dict[tuple[str, int], int]:
+    return {(tp.topic, tp.partition): int(o) for tp, o in offsets.items()}
