@@ -10,7 +10,8 @@ no key. A record that is not one is logged and sent to the dead-letter topic if
 * ``none``: produced on ``flush`` without waiting for acknowledgements.
 * ``at-least-once``: produced on ``flush``, which waits for the acknowledgements (a failure
   raises, and the job stops). ``pre_commit`` returns the records not acknowledged yet and
-  ``recover`` produces them again, so a checkpoint never loses one.
+  ``recover`` produces them again (for a coordinator that calls them on non-transactional
+  sinks; today's calls them only on transactional ones, see docs/kafka.md).
 * ``exactly-once`` (``transactional``): records wait for the checkpoint. ``pre_commit(N)`` seals
   those written since the last cut as transaction N and returns every sealed, uncommitted
   transaction as the checkpoint's state. ``commit(N)`` produces each of them, oldest first, in

@@ -12,6 +12,7 @@ steps (``CheckpointCoordinator.checkpoint``):
    transaction N (``pre_commit``). Replies to HTTP calls produced so far are sealed too.
 2. **Write** (in a worker thread, while processing goes on): the state snapshot, the
    messages, the timers and the sinks' transactions into ``chk-N/``, each file fsynced.
+   Non-transactional (at-least-once) sinks flush, so nothing from before the cut is lost.
 3. **Complete**: ``chk-N/_metadata`` is written last and atomically. Only now does the
    checkpoint exist; a crash before this step leaves a folder that is never restored.
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
@@ -146,6 +147,11 @@ class CheckpointCoordinator:
                 # 2. Write.
                 previous = None if savepoint or self.last is None else self.last.path / "state"
                 files = await asyncio.to_thread(self._write, folder, cut, previous)
+                # At-least-once sinks: what they hold from before the cut must be out before
+                # the checkpoint exists (a crash right after it must not lose it).
+                for sink in self.job.sinks.values():
+                    if not sink.transactional:
+                        await sink.flush()
                 self._step("written", checkpoint_id)
                 # 3. Complete: metadata last, atomically.
                 metadata = self._metadata(cut, files, savepoint)
