@@ -194,45 +194,58 @@ class Dispatcher:
         task.add_done_callback(self._tasks.discard)
         return 0
 
-    # -- embedded, synchronous: the hot path -------------------------------------------------
+    # -- embedded functions: prepare, call, apply ---------------------------------------------
 
-    def _invoke_embedded(
+    def _prepare_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
-    ) -> None:
-        job = self.job
-        state = job.state
-        stored = state.get(key_group, key)
+    ) -> tuple[dict[str, Any], InvocationContext, int]:
+        """The values (a copy), the context and the time of one invocation."""
+        stored = self.job.state.get(key_group, key)
         now = 0
         if function.has_ttl:
             now = now_ms()
             values = _live_values(stored, now)
         else:
             values = dict(stored) if stored else {}
-        sf = function.function
-        storage = sf.storage_class(envelope.typename, values)
-        address = self._address(key)
-        context = InvocationContext(address, storage)
+        context = InvocationContext(
+            self._address(key), function.function.storage_class(envelope.typename, values)
+        )
         context._caller = envelope.caller
-        try:
-            sf.fun(context, Message(envelope.typename, envelope.id, envelope.value))
-        except Exception as exc:  # the function's own failure: nothing of it is applied
-            job.on_failure(
-                function.typename,
-                [envelope],
-                TerminalFunctionError(
-                    f"function {function.typename} failed on {envelope.id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ),
-                cause=exc,
-            )
-            return
+        return values, context, now
+
+    def _failed_embedded(
+        self, function: EmbeddedFunction, envelope: Envelope, exc: Exception
+    ) -> None:
+        """The function raised: nothing of the invocation is applied; the policy decides."""
+        self.job.on_failure(
+            function.typename,
+            [envelope],
+            TerminalFunctionError(
+                f"function {function.typename} failed on {envelope.id!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ),
+            cause=exc,
+        )
+
+    def _apply_embedded(
+        self,
+        function: EmbeddedFunction,
+        key: AddressKey,
+        key_group: int,
+        values: dict[str, Any],
+        context: InvocationContext,
+        now: int,
+    ) -> None:
+        """State, then messages (feedback), delayed messages and egress, in one step."""
         self.invocations += 1
-        dirty = storage._dirty
+        job = self.job
+        dirty = context._storage._dirty
         if dirty or function.has_ttl:
             new = {k: v for k, v in values.items() if v is not None}
             if function.has_ttl:
                 new = _with_deadlines(new, function.specs, dirty, now)
-            state.put(key_group, key, new)
+            job.state.put(key_group, key, new)
+        address = context._address
         send = job.send
         for message in context.messages:
             send(Envelope(message.target_typename, message.target_id, message.typed_value, address))
@@ -249,6 +262,18 @@ class Dispatcher:
                 )
         for egress in context.egress:
             job.egress(egress.typename, egress.typed_value)
+
+    def _invoke_embedded(
+        self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
+    ) -> None:
+        """A synchronous embedded function: the hot path, called from the inbox loop."""
+        values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+        try:
+            function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
+        except Exception as exc:
+            self._failed_embedded(function, envelope, exc)
+            return
+        self._apply_embedded(function, key, key_group, values, context, now)
 
     # -- one batch in flight per address -------------------------------------------------------
 
@@ -298,41 +323,15 @@ class Dispatcher:
             # Each message is its own invocation, with the state the previous one left; once
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
-            job = self.job
-            stored = job.state.get(key_group, key)
-            now = now_ms() if function.has_ttl else 0
-            values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
-            sf = function.function
-            storage = sf.storage_class(envelope.typename, values)
-            address = self._address(key)
-            context = InvocationContext(address, storage)
-            context._caller = envelope.caller
+            values, context, now = self._prepare_embedded(function, envelope, key, key_group)
             try:
-                await sf.fun(context, Message(envelope.typename, envelope.id, envelope.value))
-            except Exception as exc:
-                job.on_failure(
-                    function.typename,
-                    [envelope],
-                    TerminalFunctionError(
-                        f"function {function.typename} failed on {envelope.id!r}: "
-                        f"{type(exc).__name__}: {exc}"
-                    ),
-                    cause=exc,
+                await function.function.fun(
+                    context, Message(envelope.typename, envelope.id, envelope.value)
                 )
+            except Exception as exc:
+                self._failed_embedded(function, envelope, exc)
                 continue
-            self.invocations += 1
-            if storage._dirty or function.has_ttl:
-                new = {k: v for k, v in values.items() if v is not None}
-                if function.has_ttl:
-                    new = _with_deadlines(new, function.specs, storage._dirty, now)
-                job.state.put(key_group, key, new)
-            self._emit(
-                key,
-                address,
-                [(m.target_typename, m.target_id, m.typed_value) for m in context.messages],
-                [(d.delay_ms, d.cancellation_token, d.message) for d in context.delayed],
-                [(e.typename, e.typed_value) for e in context.egress],
-            )
+            self._apply_embedded(function, key, key_group, values, context, now)
 
     def _emit(
         self,
