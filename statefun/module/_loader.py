@@ -528,8 +528,19 @@ def _stdout_egress(spec: _Fields) -> StdoutEgressSpec:
     return StdoutEgressSpec(id=spec.typename("id"), source=spec.doc.source)
 
 
+_FILE_SEMANTICS = ("exactly-once", "at-least-once")
+
+
 def _file_egress(spec: _Fields) -> FileEgressSpec:
-    return FileEgressSpec(id=spec.typename("id"), path=_path(spec), source=spec.doc.source)
+    egress_id = spec.typename("id")
+    path = _path(spec)
+    expected = "one of " + ", ".join(_FILE_SEMANTICS)
+    semantic = spec.string("deliverySemantic", expected, "exactly-once")
+    if semantic not in _FILE_SEMANTICS:
+        raise spec.fail("deliverySemantic", f"expected {expected}; got {semantic!r}")
+    return FileEgressSpec(
+        id=egress_id, path=path, exactly_once=semantic == "exactly-once", source=spec.doc.source
+    )
 
 
 # kind -> (parser, strict about unknown fields)

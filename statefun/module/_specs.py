@@ -183,6 +183,7 @@ class FileEgressSpec:
 
     id: str
     path: Path
+    exactly_once: bool = True  # deliverySemantic: exactly-once (default) or at-least-once
     source: str = ""
 
 

@@ -172,7 +172,7 @@ class Dispatcher:
         mailbox = self.busy.get(key)
         if mailbox is not None:
             mailbox.append(envelope)
-            self.job.note_mailbox(len(mailbox))
+            self.job.note_mailbox(envelope.typename, len(mailbox))
             return 0
         function = self.job.functions.resolve(envelope.typename)
         if type(function) is EmbeddedFunction and not function.function.is_async:
@@ -301,7 +301,7 @@ class Dispatcher:
                 mailbox = self.busy[key]
                 if not mailbox:
                     return
-                size = min(len(mailbox), self._max_batch(function))
+                size = min(len(mailbox), job.batch_limit(function.typename))
                 batch = [mailbox.popleft() for _ in range(size)]
         except asyncio.CancelledError:
             raise
@@ -311,10 +311,6 @@ class Dispatcher:
         finally:
             self.busy.pop(key, None)
             self.in_flight.pop(key, None)
-
-    @staticmethod
-    def _max_batch(function: EmbeddedFunction | RemoteFunction) -> int:
-        return function.max_batch if isinstance(function, RemoteFunction) else 1_000
 
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]

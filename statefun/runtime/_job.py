@@ -35,7 +35,7 @@ from statefun.ingress.base import Source
 from statefun.module._specs import ModuleSpec
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._functions import FunctionRegistry, RemoteFunction
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._timers import TimerService
 from statefun.sdk._spec import SdkAddress
@@ -164,18 +164,24 @@ class Job:
         if self.pending == 0:
             self._changed.set()
 
-    def note_mailbox(self, size: int) -> None:
-        """A mailbox grew to ``size``: past the batch limit, sources wait."""
-        if size > 10_000 and self._room.is_set():
+    def note_mailbox(self, typename: str, size: int) -> None:
+        """A mailbox grew to ``size``: past its batch limit, sources wait until it drains."""
+        if size > self.batch_limit(typename) and not self._overfull_mailboxes:
             self._overfull_mailboxes = True
             self._room.clear()
-            asyncio.get_running_loop().call_later(0.05, self._check_mailboxes)
+            asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
+
+    def batch_limit(self, typename: str) -> int:
+        """The most messages one batch to ``typename`` carries (``maxNumBatchRequests``)."""
+        function = self.functions.resolve(typename)
+        return function.max_batch if isinstance(function, RemoteFunction) else 1_000
 
     def _check_mailboxes(self) -> None:
-        largest = max((len(m) for d in self.dispatchers for m in d.busy.values()), default=0)
-        if largest > 5_000:
-            asyncio.get_running_loop().call_later(0.05, self._check_mailboxes)
-            return
+        for dispatcher in self.dispatchers:
+            for (typename, _), mailbox in dispatcher.busy.items():
+                if len(mailbox) > self.batch_limit(typename):
+                    asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
+                    return
         self._overfull_mailboxes = False
         if self.pending <= self.settings.max_in_flight_messages * 0.8:
             self._room.set()

@@ -169,7 +169,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
         if isinstance(egress, StdoutEgressSpec):
             sinks.append(StdoutSink(egress.id))
         elif isinstance(egress, FileEgressSpec):
-            sinks.append(FileSink(egress.id, egress.path))
+            sinks.append(FileSink(egress.id, egress.path, egress.exactly_once))
         elif isinstance(egress, KafkaEgressSpec):
             sinks.append(KafkaSink.from_spec(egress))
     job = Job(module, settings, sinks=sinks)

@@ -244,3 +244,55 @@ async def test_http_ingress_send_and_call(remote_url: str) -> None:
         job.stop()
         await running
     assert sorted(sink.values) == ["a=1", "a=2"]
+
+
+async def test_mailbox_past_max_batch_stops_the_sources() -> None:
+    """Backpressure: past maxNumBatchRequests a hot key's mailbox closes the sources' gate.
+
+    What was admitted before the gate closed still arrives, so the mailbox is bounded by
+    max_in_flight_messages, and the gate stays closed until it is back under the limit.
+    """
+    from aiohttp import web
+
+    from statefun.sdk import RequestReplyHandler
+
+    handler = RequestReplyHandler(functions)
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.02)
+        return web.Response(body=await handler.handle_async(await request.read()))
+
+    app = web.Application()
+    app.router.add_post("/statefun", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/statefun"
+    sink = ListSink()
+    job = Job(
+        ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
+        Settings(max_in_flight_messages=30),
+        sources=[ScriptSource([("test/counter", "hot", "x")] * 100)],
+        sinks=[sink],
+    )
+    largest = 0
+    gate_closed_by_mailbox = False
+
+    async def watch() -> None:
+        nonlocal largest, gate_closed_by_mailbox
+        while True:
+            gate_closed_by_mailbox |= job._overfull_mailboxes
+            for dispatcher in job.dispatchers:
+                mailbox = dispatcher.busy.get(("test/counter", "hot"))
+                largest = max(largest, len(mailbox) if mailbox else 0)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(job.run(), 30)
+    finally:
+        watcher.cancel()
+        await runner.cleanup()
+    assert sink.values == [f"hot={i}" for i in range(1, 101)]
+    assert gate_closed_by_mailbox
+    assert 5 < largest <= 30

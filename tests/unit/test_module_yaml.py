@@ -173,7 +173,7 @@ def test_pystatefun_kinds_with_every_field() -> None:
         FileEgressSpec(
             "example/greetings",
             Path("/tmp/greetings.jsonl"),
-            f"{src}, document 5 (io.pystatefun.file.v1/egress)",
+            source=f"{src}, document 5 (io.pystatefun.file.v1/egress)",
         ),
     )
 
@@ -779,3 +779,14 @@ def test_statefun_quirks_kept_property_first_key_and_last_topic_win(
     assert ingress.topics == (KafkaTopicSpec("t", "a/New", ("a/g",)),)
     assert "only the first key (first) is used" in caplog.text
     assert "topic 't' listed again" in caplog.text
+
+
+def test_file_egress_delivery_semantic() -> None:
+    from statefun.module import load_module_text
+
+    base = "kind: io.pystatefun.file.v1/egress\nspec:\n  id: a/b\n  path: out.jsonl\n"
+    assert load_module_text(base).egresses[0].exactly_once is True
+    module = load_module_text(base + "  deliverySemantic: at-least-once\n")
+    assert module.egresses[0].exactly_once is False
+    with pytest.raises(ModuleError, match=r"spec.deliverySemantic: expected one of exactly-once"):
+        load_module_text(base + "  deliverySemantic: sometimes\n")
