@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -160,3 +161,58 @@ def test_greeter_remote_function_through_the_runtime(
         ("Bob", "Hello Bob! Nice to meet you."),
     }
     assert all(r["topic"] == "greetings" for r in records)
+
+
+def test_run_restarts_a_failed_job_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """A remote function that stays down past its call timeout fails the job; `statefun run`
+    restarts it from the last checkpoint until the function is back, and every effect is
+    then in the output once."""
+    port = free_port()
+    lines = [
+        json.dumps({"target": "test/counter", "id": f"k{i % 3}", "value": "x"}) for i in range(30)
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "module.yaml").write_text(
+        "kind: io.statefun.endpoints.v2/http\n"
+        f"spec:\n  functions: test/*\n  urlPathTemplate: http://127.0.0.1:{port}/statefun\n"
+        "  transport:\n    call: 1s\n    connect: 200ms\n"
+        "---\nkind: io.pystatefun.file.v1/ingress\nspec:\n  id: test/in\n  path: in.jsonl\n"
+        "---\nkind: io.pystatefun.file.v1/egress\nspec:\n  id: test/out\n  path: out.jsonl\n"
+    )
+    runtime = subprocess.Popen(
+        [
+            *STATEFUN,
+            "run",
+            "module.yaml",
+            "--set",
+            "checkpoint_dir=checkpoints",
+            "--set",
+            "restart_strategy=fixed-delay",
+            "--set",
+            "restart_delay_ms=300",
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert runtime.stderr is not None
+    log: list[str] = []
+    for line in runtime.stderr:  # wait for the first failure and restart
+        log.append(line)
+        if "restart 1 of" in line:
+            break
+    server = subprocess.Popen(
+        [*STATEFUN, "serve", "tests.integration.fns.shop:functions", "--port", str(port)], cwd=ROOT
+    )
+    try:
+        log.extend(runtime.stderr)
+        assert runtime.wait(timeout=60) == 0, "".join(log[-20:])
+    finally:
+        runtime.stderr.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+    text = "".join(log)
+    assert "did not answer within its call timeout" in text
+    out = [json.loads(line)["value"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(out) == sorted(f"k{k}={n}" for k in range(3) for n in range(1, 11))
