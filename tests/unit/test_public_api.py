@@ -75,3 +75,14 @@ def test_star_import_namespace() -> None:
     namespace: dict[str, object] = {}
     exec("from statefun import *", namespace)
     assert set(namespace) >= OFFICIAL_SDK_NAMES
+
+
+def test_generated_protobuf_code_runs_on_upb() -> None:
+    from google.protobuf.internal import api_implementation
+
+    from statefun.sdk._proto import request_reply_pb2
+
+    assert api_implementation.Type() == "upb"
+    assert (
+        request_reply_pb2.ToFunction.DESCRIPTOR.full_name == "io.statefun.sdk.reqreply.ToFunction"
+    )
