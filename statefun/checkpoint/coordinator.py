@@ -121,12 +121,17 @@ class CheckpointCoordinator:
             self._hook(name, checkpoint_id)
 
     async def run(self) -> None:
-        """Checkpoint periodically until ``stop``."""
+        """Checkpoint periodically until ``stop``: the interval is from start to start."""
+        loop = asyncio.get_running_loop()
+        next_start = loop.time() + self.interval
         while not self._stopped.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), self.interval)
-            if not self._stopped.is_set():
-                await self.checkpoint()
+                await asyncio.wait_for(self._stopped.wait(), max(0.0, next_start - loop.time()))
+            if self._stopped.is_set():
+                return
+            # A checkpoint that took longer than the interval delays the next one; none overlap.
+            next_start = max(next_start + self.interval, loop.time())
+            await self.checkpoint()
 
     async def stop(self) -> None:
         """End the periodic checkpoints, letting one in progress finish."""

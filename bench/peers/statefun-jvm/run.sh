@@ -11,6 +11,7 @@
 #   STATEFUN_PARALLELISM      job parallelism [1]
 #   STATEFUN_CHECKPOINT_MS    checkpoint interval in ms, exactly-once [1000]
 #   STATEFUN_STATE_BACKEND    hashmap | rocksdb [hashmap]
+#   STATEFUN_CHECKPOINT_DIR   checkpoint storage folder [$TMPDIR/statefun-jvm-checkpoints-<pid>]
 #   STATEFUN_REST_PORT        Flink REST/web port on 127.0.0.1, 0 = any free port [0]
 #   STATEFUN_LOG_LEVEL        log4j2 root level [INFO]
 #   STATEFUN_JAVA_OPTS        extra JVM options
@@ -19,7 +20,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 module="$(realpath -e "$1")"
@@ -84,6 +85,10 @@ conf=(
   "execution.checkpointing.interval=${STATEFUN_CHECKPOINT_MS:-1000}ms"
   execution.checkpointing.mode=EXACTLY_ONCE
   "state.backend=${STATEFUN_STATE_BACKEND:-hashmap}"
+  # checkpoints on local disk: JobManager memory storage caps a checkpoint at 5 MB, which
+  # StateFun's in-flight messages exceed under load (the job then fails and restarts forever)
+  state.checkpoint-storage=filesystem
+  "state.checkpoints.dir=file://${STATEFUN_CHECKPOINT_DIR:-${TMPDIR:-/tmp}/statefun-jvm-checkpoints-$$}"
   # as in StateFun's own flink-conf.yaml
   restart-strategy=fixed-delay
   restart-strategy.fixed-delay.attempts=2147483647

@@ -1,0 +1,528 @@
+"""Side by side with Apache StateFun's JVM runtime: Kafka -> remote counter -> Kafka.
+
+The same module (bench/peers/statefun-jvm/bench-counter-module.yaml: a Kafka ingress, the
+remote function ``bench/counter`` over HTTP, a Kafka egress) runs once on Apache StateFun 3.3.0
+(Flink 1.16.2 MiniCluster, bench/peers/statefun-jvm/run.sh) and once on pystatefun
+(``statefun run``), against the same Kafka broker, with the function served by the same
+``statefun serve bench/_jvm_counter.py:functions`` process. The counter keeps one IntType
+state per key and writes one egress record per input (bench/_jvm_counter.py).
+
+Delivery semantics, the same for both runtimes: checkpoints every 1 s (StateFun: Flink's
+exactly-once checkpoints in JobManager memory; pystatefun: ``checkpoint_dir`` on local disk) and
+
+* exactly-once: the Kafka egress writes in transactions committed by each checkpoint; records
+  are read with isolation.level=read_committed, so they become visible once per checkpoint;
+* at-least-once: the egress produces at once and waits for the broker's acks at checkpoints
+  (StateFun) or every 50 ms (pystatefun).
+
+For each runtime and semantic, one runtime process runs these phases in turn, each writing to
+a topic of its own (named in the record):
+
+  warm-up      records to many keys until the output flows and a checkpoint completed
+  many keys    N records, keys k0..k9999, produced as fast as a producer process can:
+               records/s = N / (last output read - first record produced)
+  one hot key  N records to one key, the same way
+  latency      a fixed rate (records/s) for some seconds, to many keys, then to the hot key:
+               end-to-end latency = time the output was read - produce time in the record
+
+Producers run in another process; the reader (read_committed) in this one.
+
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 5 minutes
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 2.5 minutes
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 2  # medians of 2 runs each
+
+Progress goes to stderr; a Markdown table and the ratios to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._jvm_processes import (  # noqa: E402
+    PEER_DIR,
+    Proc,
+    Reader,
+    create_topics,
+    free_port,
+    java_version,
+    missing_jvm_tools,
+    pystatefun_checkpoints,
+    pystatefun_status,
+    start_pystatefun,
+    start_serve,
+    start_statefun_jvm,
+    wait_checkpoints,
+)
+from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+
+TEMPLATE = PEER_DIR / "bench-counter-module.yaml"
+FUNCTION = "bench/_jvm_counter.py:functions"
+MANY_KEYS = 10_000
+HOT_KEY = "hot"
+RUNTIMES = ("pystatefun", "statefun-jvm")
+SEMANTICS = ("exactly-once", "at-least-once")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- the producer process ------------------------------------------------------------------------
+
+
+def _produce(
+    bootstrap: str,
+    topic: str,
+    out_topic: str,
+    keys: int,
+    count: int,
+    rate: float | None,
+    result: Any,
+) -> None:
+    """Write ``count`` records (as fast as possible, or at ``rate`` per second); put
+    (first send time, last send time) on ``result``."""
+    from bench._jvm_processes import producer
+
+    fast = rate is None
+    out = producer(bootstrap, linger_ms=5 if fast else 0, batch_size=256 * 1024)
+    prefix = out_topic.encode() + b" "
+    key_bytes = [HOT_KEY.encode()] if keys == 1 else [b"k%d" % i for i in range(keys)]
+    send = out.send
+    started = time.time()
+    tick = 0.005
+    per_tick = 1 if rate is None else max(1, round(rate * tick))
+    next_tick = time.perf_counter()
+    i = 0
+    while i < count:
+        for _ in range(min(per_tick if not fast else 1000, count - i)):
+            send(topic, key=key_bytes[i % len(key_bytes)], value=prefix + b"%d" % time.time_ns())
+            i += 1
+        if not fast:
+            out.flush()
+            next_tick += tick
+            pause = next_tick - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+    out.flush(timeout=120)
+    finished = time.time()
+    out.close()
+    result.put((started, finished))
+
+
+def produce_in_process(
+    bootstrap: str, topic: str, out_topic: str, keys: int, count: int, rate: float | None
+) -> tuple[multiprocessing.process.BaseProcess, Any]:
+    context = multiprocessing.get_context("spawn")
+    result = context.Queue()
+    process = context.Process(
+        target=_produce,
+        args=(bootstrap, topic, out_topic, keys, count, rate, result),
+        daemon=True,
+    )
+    process.start()
+    return process, result
+
+
+# -- one runtime process, all phases -------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    name: str
+    keys: int
+    count: int
+    rate: float | None  # None: as fast as possible
+    topic: str = ""
+    started: float = 0.0  # first record produced
+    produced_until: float = 0.0
+    records_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    outputs: int = 0
+    cpu_s: float = 0.0  # CPU time of the runtime process during the phase
+    server_cpu_s: float = 0.0  # CPU time of the function server during the phase
+    rss_mb: float = 0.0  # resident memory of the runtime process at the end of the phase
+    failed: bool = False
+    # with --repeat: the values of every repeat, for the spread shown next to the median
+    all_rates: list[float] = field(default_factory=list)
+    all_p99: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@dataclass
+class Run:
+    runtime: str
+    semantic: str
+    phases: list[Phase] = field(default_factory=list)
+    note: str = ""
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (and its waited-for children), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def fill_module(semantic: str, bootstrap: str, function_port: int, topic: str, group: str) -> str:
+    text = TEMPLATE.read_text()
+    text = (
+        text.replace("127.0.0.1:9092", bootstrap)
+        .replace("127.0.0.1:8000/", f"127.0.0.1:{function_port}/")
+        .replace("topic: bench-in\n", f"topic: {topic}\n")
+        .replace("consumerGroupId: bench-counter", f"consumerGroupId: {group}")
+    )
+    if semantic == "at-least-once":
+        text = text.replace(
+            "type: exactly-once\n    transactionTimeout: 5min", "type: at-least-once"
+        )
+    assert f"type: {semantic}" in text
+    return text
+
+
+def run_one(
+    runtime: str,
+    semantic: str,
+    bootstrap: str,
+    server: Proc,
+    function_port: int,
+    phases: list[Phase],
+    work: Path,
+    heap: str,
+) -> Run:
+    tag = f"{runtime}-{semantic}-{uuid.uuid4().hex[:6]}"
+    in_topic = f"bench-in-{tag}"
+    for number, phase in enumerate(phases):
+        phase.topic = f"bench-out-{tag}-{number}"
+    create_topics(bootstrap, [in_topic, *(p.topic for p in phases)])
+    folder = work / tag
+    folder.mkdir(parents=True)
+    module = folder / "module.yaml"
+    module.write_text(fill_module(semantic, bootstrap, function_port, in_topic, f"group-{tag}"))
+    say(f"[{runtime} {semantic}] starting")
+    started = time.monotonic()
+    if runtime == "statefun-jvm":
+        peer = start_statefun_jvm(module, folder / "runtime.log", heap=heap)
+        proc: Proc = peer.proc
+
+        def checkpoints() -> int:
+            return peer.checkpoints()
+
+        failures = peer.failures
+    else:
+        proc, admin_port = start_pystatefun(
+            module, folder / "runtime.log", settings={"checkpoint_dir": folder / "checkpoints"}
+        )
+
+        def checkpoints() -> int:
+            return pystatefun_checkpoints(admin_port)
+
+        def failures() -> list[str]:
+            return []
+
+    say(f"[{runtime} {semantic}] running after {time.monotonic() - started:.1f} s")
+    run = Run(runtime, semantic, phases)
+    try:
+        with Reader(bootstrap, [p.topic for p in phases]) as reader:
+            for phase in phases:
+                try:
+                    run_phase(phase, proc, reader, bootstrap, in_topic, server, failures)
+                    if phase.name == "warm-up":
+                        wait_checkpoints(proc, checkpoints, 1, 120)
+                except (RuntimeError, TimeoutError) as exc:
+                    phase.failed = True
+                    run.note = f"failed in phase {phase.name}: {str(exc).splitlines()[0]}"
+                    say(f"[{runtime} {semantic}] {run.note}\n{exc}")
+                    return run
+                say(
+                    f"[{runtime} {semantic}] {phase.name}: {phase.outputs} outputs, "
+                    f"{phase.records_per_s:,.0f} records/s, p50 {phase.p50_ms:.0f} ms, "
+                    f"p99 {phase.p99_ms:.0f} ms, CPU s runtime {phase.cpu_s:.1f} "
+                    f"function server {phase.server_cpu_s:.1f} in {phase.wall_s:.1f} s"
+                )
+        if runtime == "statefun-jvm":
+            failed = peer.failures()
+            if failed:
+                run.note = f"job failed and restarted {len(failed)}x: {failed[:3]}"
+        else:
+            dead = pystatefun_status(admin_port)["dead_letters"]
+            if dead:
+                run.note = f"{dead} dead letters"
+        if run.note:
+            say(f"[{runtime} {semantic}] WARNING: {run.note}")
+    finally:
+        proc.stop()
+    return run
+
+
+def run_phase(
+    phase: Phase,
+    proc: Proc,
+    reader: Reader,
+    bootstrap: str,
+    in_topic: str,
+    server: Proc,
+    failures: Callable[[], list[str]],
+) -> None:
+    cpu_before = cpu_seconds(proc.process.pid)
+    server_before = cpu_seconds(server.process.pid)
+    wall_before = time.monotonic()
+    process, result = produce_in_process(
+        bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
+    )
+    expected_s = phase.count / (phase.rate or 2_000)
+    reader.wait_for(
+        lambda r: r.count(phase.topic) >= phase.count,
+        timeout=max(120.0, expected_s * 4),
+        what=f"{phase.count} outputs of phase {phase.name}",
+        watch=proc,
+        failures=failures,
+    )
+    phase.wall_s = time.monotonic() - wall_before
+    phase.cpu_s = cpu_seconds(proc.process.pid) - cpu_before
+    phase.server_cpu_s = cpu_seconds(server.process.pid) - server_before
+    phase.rss_mb = rss_mb(proc.process.pid)
+    phase.started, phase.produced_until = result.get(timeout=60)
+    process.join(30)
+    time.sleep(0.2)
+    records = reader.snapshot()[phase.topic]
+    phase.outputs = len(records)
+    latencies = sorted(r.at - int(r.value.split(b" ")[1]) / 1e9 for r in records)
+    last = max(r.at for r in records)
+    phase.records_per_s = phase.count / (last - phase.started)
+    phase.p50_ms = percentile(latencies, 0.50) * 1000
+    phase.p99_ms = percentile(latencies, 0.99) * 1000
+    phase.max_ms = latencies[-1] * 1000
+    counts = [int(r.value.split(b" ")[2]) for r in records]
+    if phase.keys == 1 and sorted(counts) != list(range(counts[0], counts[0] + len(counts))):
+        say(f"  NOTE: hot-key counts are not consecutive in {phase.name} (duplicates or gaps)")
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def merge(runs: list[Run]) -> list[Run]:
+    """One Run per (runtime, semantic): the median of every figure over the repeats."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.runtime, run.semantic), []).append(run)
+    merged = []
+    for (runtime, semantic), repeats in groups.items():
+        phases = []
+        for index, first in enumerate(repeats[0].phases):
+            done = [r.phases[index] for r in repeats if not r.phases[index].failed]
+            done = [p for p in done if p.outputs]
+            phase = Phase(first.name, first.keys, first.count, first.rate)
+            phase.failed = not done
+            if done:
+                for name in ("records_per_s", "p50_ms", "p99_ms", "max_ms", "outputs", "rss_mb"):
+                    setattr(phase, name, statistics.median(getattr(p, name) for p in done))
+                phase.cpu_s = statistics.median(p.cpu_s / p.wall_s for p in done)
+                phase.server_cpu_s = statistics.median(p.server_cpu_s / p.wall_s for p in done)
+                phase.wall_s = 1.0  # the CPU figures above are already per second
+                phase.all_rates = [p.records_per_s for p in done]
+                phase.all_p99 = [p.p99_ms for p in done]
+            phases.append(phase)
+        notes = "; ".join(r.note for r in repeats if r.note)
+        merged.append(Run(runtime, semantic, phases, notes))
+    return merged
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return ""
+    return f" ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def table(runs: list[Run]) -> str:
+    lines = [
+        "| semantic | runtime | phase | records/s | p50 ms | p99 ms | max ms "
+        "| CPU: runtime | CPU: function server | runtime RSS |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        for phase in run.phases:
+            if phase.name == "warm-up":
+                continue
+            if phase.failed or not phase.outputs:
+                lines.append(f"| {run.semantic} | {run.runtime} | {phase.name} | failed |||||||")
+                continue
+            rate = "-"
+            if phase.rate is None:
+                rate = f"{phase.records_per_s:,.0f}{_spread(phase.all_rates)}"
+            cpu = f"{phase.cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
+            server_cpu = f"{phase.server_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
+            lines.append(
+                f"| {run.semantic} | {run.runtime} | {phase.name} | "
+                f"{rate} | {phase.p50_ms:,.0f} | {phase.p99_ms:,.0f}{_spread(phase.all_p99)} | "
+                f"{phase.max_ms:,.0f} | {cpu} | {server_cpu} | {phase.rss_mb:,.0f} MB |"
+            )
+    return "\n".join(lines)
+
+
+def ratios(runs: list[Run]) -> str:
+    """pystatefun against StateFun, phase by phase, and whether the goal is met: at least
+    StateFun's throughput, and a lower p99."""
+    by = {(r.runtime, r.semantic): r for r in runs}
+    lines = []
+    for semantic in SEMANTICS:
+        ours, theirs = by.get(("pystatefun", semantic)), by.get(("statefun-jvm", semantic))
+        if ours is None or theirs is None:
+            continue
+        for mine, other in zip(ours.phases, theirs.phases, strict=True):
+            if mine.name == "warm-up" or not (mine.outputs and other.outputs):
+                continue
+            if mine.rate is None:
+                ratio = mine.records_per_s / other.records_per_s
+                goal = "met" if ratio >= 1.0 else "NOT met"
+                lines.append(
+                    f"- {semantic}, {mine.name}: throughput pystatefun / StateFun = "
+                    f"{ratio:.2f}x (goal >= 1: {goal})"
+                )
+            else:
+                ratio = other.p99_ms / mine.p99_ms
+                goal = "met" if ratio > 1.0 else "NOT met"
+                lines.append(
+                    f"- {semantic}, {mine.name}: p99 StateFun / pystatefun = {ratio:.2f}x "
+                    f"(goal > 1: {goal}), p50 {other.p50_ms / mine.p50_ms:.2f}x"
+                )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer records, shorter phases")
+    parser.add_argument("--records", type=int, help="records per throughput phase")
+    parser.add_argument("--rate", type=float, default=1000.0, help="records/s, latency phases")
+    parser.add_argument("--latency-seconds", type=float, help="length of each latency phase")
+    parser.add_argument(
+        "--semantics", default=",".join(SEMANTICS), help="exactly-once,at-least-once"
+    )
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="pystatefun,statefun-jvm")
+    parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
+    parser.add_argument("--heap", default="512m", help="StateFun JVM -Xmx (default: 512m)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per runtime and semantic; medians are shown"
+    )
+    args = parser.parse_args()
+    missing = missing_jvm_tools()
+    if missing:
+        say(f"cannot run: {missing}")
+        return 2
+    records = args.records or (15_000 if args.quick else 60_000)
+    latency_s = args.latency_seconds or (5.0 if args.quick else 15.0)
+    semantics = [s for s in args.semantics.split(",") if s]
+    runtimes = [r for r in args.runtimes.split(",") if r]
+
+    def phases() -> list[Phase]:
+        rate = args.rate
+        return [
+            Phase("warm-up", MANY_KEYS, 3_000 if args.quick else 10_000, 2_000.0),
+            Phase("many keys", MANY_KEYS, records, None),
+            Phase("one hot key", 1, records, None),
+            Phase(f"many keys @ {rate:,.0f}/s", MANY_KEYS, round(rate * latency_s), rate),
+            Phase(f"one hot key @ {rate:,.0f}/s", 1, round(rate * latency_s), rate),
+        ]
+
+    versions = (
+        f"Python {platform.python_version()}; StateFun 3.3.0 on Flink 1.16.2, {java_version()}, "
+        f"-Xmx{args.heap}; Kafka {kafka_version()}; {os.cpu_count()} cores"
+    )
+    say(versions)
+    load_before = os.getloadavg()
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="bench-jvm-") as tmp:
+        work = Path(tmp)
+        broker = (
+            KafkaBroker.external(args.bootstrap) if args.bootstrap else KafkaBroker(heap="512m")
+        )
+        with broker:
+            bootstrap = broker.bootstrap_servers
+            say(f"Kafka at {bootstrap}")
+            port = free_port()
+            server = start_serve(FUNCTION, port, work / "serve.log")
+            try:
+                for repeat in range(args.repeat):
+                    for semantic in semantics:
+                        # alternate which runtime goes first, against drifting machine load
+                        order = runtimes if repeat % 2 == 0 else runtimes[::-1]
+                        for runtime in order:
+                            if args.repeat > 1:
+                                say(f"-- repeat {repeat + 1} of {args.repeat}")
+                            runs.append(
+                                run_one(
+                                    runtime,
+                                    semantic,
+                                    bootstrap,
+                                    server,
+                                    port,
+                                    phases(),
+                                    work,
+                                    args.heap,
+                                )
+                            )
+            finally:
+                server.stop()
+    load = os.getloadavg()
+    print(versions)
+    print(
+        f"records per throughput phase: {records:,}; latency phases: {args.rate:,.0f} records/s "
+        f"for {latency_s:g} s; many keys = {MANY_KEYS:,} keys"
+    )
+    print()
+    if args.repeat > 1:
+        print(f"median of {args.repeat} runs each (min-max in brackets)")
+    merged = merge(runs)
+    print(table(merged))
+    print()
+    print(ratios(merged))
+    print()
+    print(
+        f"load average (1 min) at the start {load_before[0]:.2f}, at the end {load[0]:.2f} "
+        f"(5 min: {load[1]:.2f})"
+    )
+    for run in merged:
+        if run.note:
+            print(f"note: {run.runtime} {run.semantic}: {run.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
