@@ -117,6 +117,14 @@ class Sink(abc.ABC):
         """Flush and release resources."""
         await self.flush()
 
+    def backlog(self) -> int:
+        """Records accepted but not yet out (buffered, or waiting for their commit).
+
+        The job stops its sources while a sink's backlog is past ``max_in_flight_messages``,
+        so records waiting for a checkpoint cannot grow without bound.
+        """
+        return 0
+
     # -- two-phase commit (transactional sinks) -------------------------------------------
 
     #: Whether records wait for a checkpoint before they become visible.

@@ -41,6 +41,9 @@ class FileSink(Sink):
         line = {"egress": record.egress, **describe_typed_value(record.value)}
         self._buffer.append(json.dumps(line, ensure_ascii=False) + "\n")
 
+    def backlog(self) -> int:
+        return len(self._buffer) + sum(data.count(b"\n") for data in self._sealed.values())
+
     def _take(self) -> bytes:
         data = "".join(self._buffer).encode("utf-8")
         self._buffer.clear()

@@ -129,6 +129,9 @@ class KafkaSink(Sink):
     def describe(self) -> str:
         return f"KafkaSink({self.egress_id}, {self.semantic})"
 
+    def backlog(self) -> int:
+        return len(self._buffer) + self.uncommitted
+
     @property
     def uncommitted(self) -> int:
         """Records in sealed transactions that are not committed yet (exactly-once)."""

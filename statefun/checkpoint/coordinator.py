@@ -175,6 +175,7 @@ class CheckpointCoordinator:
             for source in self.job.sources:
                 await source.notify_checkpoint_complete(checkpoint_id)
             self.job.release_replies(cut.replies)
+            self.job.check_sink_backlog()
             self._step("committed", checkpoint_id)
             # 5. Prune.
             if not savepoint:

@@ -101,6 +101,7 @@ class Job:
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
         self._overfull_mailboxes = False
+        self._sinks_full = False
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: list[asyncio.Task[None]] = []
         self._sources_done = 0
@@ -158,6 +159,7 @@ class Job:
         if (
             not self._room.is_set()
             and not self._overfull_mailboxes
+            and not self._sinks_full
             and self.pending <= self.settings.max_in_flight_messages * 0.8
         ):
             self._room.set()
@@ -183,7 +185,7 @@ class Job:
                     asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
                     return
         self._overfull_mailboxes = False
-        if self.pending <= self.settings.max_in_flight_messages * 0.8:
+        if not self._sinks_full and self.pending <= self.settings.max_in_flight_messages * 0.8:
             self._room.set()
 
     def _fire_delayed(self, envelope: Envelope) -> None:
@@ -307,6 +309,7 @@ class Job:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=0.05)
                 await self._flush_sinks()
+                self.check_sink_backlog()
         finally:
             await self._shutdown()
         if self._failure is not None:
@@ -387,6 +390,19 @@ class Job:
         finally:
             self._sources_done += 1
             self._changed.set()
+
+    def check_sink_backlog(self) -> None:
+        """Close the sources' gate while a sink holds too many records; open it after."""
+        limit = self.settings.max_in_flight_messages
+        full = any(sink.backlog() > limit for sink in self.sinks.values())
+        if full and not self._sinks_full:
+            log.info("an egress holds more than %d records: ingresses wait for a commit", limit)
+            self._sinks_full = True
+            self._room.clear()
+        elif not full and self._sinks_full:
+            self._sinks_full = False
+            if not self._overfull_mailboxes and self.pending <= limit * 0.8:
+                self._room.set()
 
     async def _flush_sinks(self) -> None:
         for sink in self.sinks.values():
