@@ -168,6 +168,12 @@ class KafkaSink(Sink):
 
     # -- the producer thread ----------------------------------------------------------------------
 
+    async def start(self) -> None:
+        if self.transactional:
+            # init_transactions takes seconds the first time: pay it at start, not at the
+            # first commit (and fail early if the broker cannot be reached).
+            await self._call(self._producer, True)
+
     def _call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
