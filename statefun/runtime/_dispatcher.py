@@ -245,6 +245,7 @@ class Dispatcher:
             if function.has_ttl:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
+            job.state_types.add(key[0])
         address = context._address
         send = job.send
         for message in context.messages:
@@ -467,4 +468,5 @@ class Dispatcher:
             if function.has_ttl:
                 values = _with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
+            self.job.state_types.add(key[0])
         self._emit(key, self._address(key), messages, delayed, egress)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gc
 import json
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,8 @@ class Job:
         self._failure: BaseException | None = None
         self._overfull_mailboxes = False
         self._sinks_full = False
+        #: function types that ever held state here (listed in checkpoints)
+        self.state_types: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: list[asyncio.Task[None]] = []
         self._sources_done = 0
@@ -336,7 +340,12 @@ class Job:
             log.info("no checkpoint in %s: starting empty", storage.root)
 
     async def _start(self) -> None:
+        # A checkpoint writer thread that gives the GIL back waits for it up to the switch
+        # interval while the loop is busy: 5 ms by default, 1 ms here.
+        if sys.getswitchinterval() > 0.001:
+            sys.setswitchinterval(0.001)
         self._setup_checkpoints()
+        gc.freeze()  # restored state: see CheckpointCoordinator
         for sink in self.sinks.values():
             await sink.start()
             if sink.egress_id in self.restored_sinks:
