@@ -33,7 +33,7 @@ class Settings:
         metadata=_doc("number of key groups; the upper bound of parallelism after a rescale"),
     )
     max_in_flight_messages: int = field(
-        default=100_000,
+        default=10_000,
         metadata=_doc(
             "messages inside the runtime (mailboxes, feedback, in-flight batches) above which "
             "ingresses wait (backpressure)"

@@ -4,7 +4,8 @@ Snapshots are copy-on-write per key group: ``snapshot()`` keeps references to th
 per-key-group dicts and marks those groups shared (O(key groups)); the next ``put`` into a
 shared group copies that group's dict first, once per snapshot. Values dicts are never
 changed in place, so the snapshot's groups stay as they were at the cut while a worker thread
-writes them out, one msgpack file per key group (``kg-00042.msgpack``), in chunks.
+writes them out: one file (``state.msgpack``, one fsync), a section per key group - a header
+``{"key_group": g, "chunks": n}`` and n msgpack chunks of ``[typename, id, values]``.
 """
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ __all__ = ["MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
-
-
-def _group_file(key_group: int) -> str:
-    return f"kg-{key_group:05d}.msgpack"
 
 
 def fsync_dir(path: Path) -> None:
@@ -148,37 +146,35 @@ class MemoryStateSnapshot(StateSnapshot):
         self._groups = groups
 
     def write(self, directory: Path, previous: Path | None = None) -> dict[str, Any]:
-        """One file per key group: a header, then chunks of ``[typename, id, values]``.
+        """All key groups into one file, fsynced once (see the module docstring).
 
         ``previous`` is not used: every checkpoint of the memory backend is complete.
         """
         if self._backend is None:
             raise RuntimeError("this state snapshot was released")
         directory.mkdir(parents=True, exist_ok=True)
-        total_bytes = 0
         total_entries = 0
         written: list[int] = []
         groups = self._groups
-        for key_group in sorted(groups):
-            group = groups[key_group]
-            if not group:
-                continue
-            path = directory / _group_file(key_group)
-            with path.open("wb") as out:
-                out.write(msgpack.packb({"format": FORMAT, "key_group": key_group}))
+        with (directory / STATE_FILE).open("wb") as out:
+            for key_group in sorted(groups):
+                group = groups[key_group]
+                if not group:
+                    continue
+                left = len(group)
+                out.write(msgpack.packb({"key_group": key_group, "chunks": -(-left // CHUNK)}))
                 # The group's dict is never changed once shared: iterate it in place.
                 entries = iter(group.items())
-                left = len(group)
                 while left:
                     count = min(left, CHUNK)
                     out.write(pack_entries(entries, count))
                     left -= count
                     time.sleep(0)  # let the event loop have the GIL between chunks
-                out.flush()
-                os.fsync(out.fileno())
-                total_bytes += out.tell()
-            total_entries += len(group)
-            written.append(key_group)
+                total_entries += len(group)
+                written.append(key_group)
+            out.flush()
+            os.fsync(out.fileno())
+            total_bytes = out.tell()
         fsync_dir(directory)
         return {
             "backend": "memory",
@@ -205,15 +201,13 @@ def read_memory_snapshot(
             f"{manifest.get('backend')!r} format {manifest.get('format')!r}"
         )
     wanted = None if key_groups is None else set(key_groups)
-    for listed in manifest["key_groups"]:
-        if wanted is not None and listed not in wanted:
-            continue
-        with (directory / _group_file(listed)).open("rb") as data:
-            unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
-            header = next(unpacker)
+    with (directory / STATE_FILE).open("rb") as data:
+        unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
+        for header in unpacker:
             key_group = int(header["key_group"])  # the stored key group is the truth
-            if wanted is not None and key_group not in wanted:
-                continue
-            for chunk in unpacker:
-                for typename, id_, wire in chunk:
-                    yield key_group, (typename, id_), values_from_wire(wire)
+            keep = wanted is None or key_group in wanted
+            for _ in range(int(header["chunks"])):
+                chunk = next(unpacker)
+                if keep:
+                    for typename, id_, wire in chunk:
+                        yield key_group, (typename, id_), values_from_wire(wire)
