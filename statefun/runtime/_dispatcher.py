@@ -291,7 +291,15 @@ class Dispatcher:
                 self.in_flight[key] = batch
                 try:
                     if isinstance(function, RemoteFunction):
-                        await self._call_remote(function, key, key_group, batch)
+                        async with job.remote_slots:
+                            # Top the batch up with what arrived while waiting for a slot
+                            # (in the same step as taking it from the mailbox).
+                            mailbox = self.busy[key]
+                            room = function.max_batch - len(batch)
+                            while mailbox and room > 0:
+                                batch.append(mailbox.popleft())
+                                room -= 1
+                            await self._call_remote(function, key, key_group, batch)
                     else:
                         await self._call_embedded_async(function, key, key_group, batch)
                 except FunctionInvocationError as exc:

@@ -83,6 +83,9 @@ class Job:
             max_response_bytes=self.settings.max_response_bytes,
         )
         self.timers = TimerService(self._fire_delayed)
+        #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
+        #: lets a batch keep growing until it can be sent)
+        self.remote_slots = asyncio.Semaphore(self.settings.remote_max_connections)
         p, max_p = self.settings.parallelism, self.settings.max_parallelism
         self.dispatchers = [Dispatcher(i, self) for i in range(p)]
         self._subtask_of = [
@@ -104,6 +107,7 @@ class Job:
         self._failure: BaseException | None = None
         self._overfull_mailboxes = False
         self._sinks_full = False
+        self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: function types that ever held state here (listed in checkpoints)
         self.state_types: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -151,7 +155,13 @@ class Job:
         if typename == REPLY_TYPENAME:
             self._reply(envelope)
             return
-        key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
+        address = (typename, envelope.id)
+        key_group = self._key_groups.get(address)
+        if key_group is None:
+            if len(self._key_groups) >= 100_000:
+                self._key_groups.clear()
+            key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
+            self._key_groups[address] = key_group
         self.pending += 1
         if self.pending >= self.settings.max_in_flight_messages and self._room.is_set():
             self._room.clear()
@@ -344,6 +354,11 @@ class Job:
         # interval while the loop is busy: 5 ms by default, 1 ms here.
         if sys.getswitchinterval() > 0.001:
             sys.setswitchinterval(0.001)
+        # Messages allocate many short-lived objects: collect the young generation less
+        # often (state itself is frozen out of collections after each checkpoint).
+        gen0, _, _ = gc.get_threshold()
+        if gen0 < 50_000:
+            gc.set_threshold(50_000, 20, 100)
         self._setup_checkpoints()
         gc.freeze()  # restored state: see CheckpointCoordinator
         for sink in self.sinks.values():

@@ -1,0 +1,23 @@
+"""The function of bench/runtime_e2e.py: a counter that writes one egress record per message.
+
+Written only against the StateFun SDK surface, so the same code runs embedded (the runtime
+loads ``bench._function_server:functions``) and remote (``python -m statefun serve
+bench._function_server:functions --port N``, started from the repository root).
+
+Each message carries a sequence number (IntType); the function increments the address's
+count (one IntType state) and sends the sequence number to the egress ``bench/out``, so the
+benchmark's sink can find the time the message was submitted.
+"""
+
+from statefun import *  # noqa: F403
+
+COUNTER = "bench/counter"
+OUT = "bench/out"
+
+functions = StatefulFunctions()  # noqa: F405
+
+
+@functions.bind(typename=COUNTER, specs=[ValueSpec(name="count", type=IntType)])  # noqa: F405
+def counter(context: Context, message: Message) -> None:  # noqa: F405
+    context.storage.count = (context.storage.count or 0) + 1
+    context.send_egress(egress_message_builder(OUT, message.as_int(), IntType))  # noqa: F405
