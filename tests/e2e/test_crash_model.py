@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests._support import endpoint_yaml, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,23 +58,8 @@ def committed(path: Path) -> Counter[str]:
     return Counter(json.loads(line)["value"] for line in path.read_text().splitlines())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def module_yaml(tmp: Path, remote_url: str | None) -> Path:
-    if remote_url:
-        endpoint = (
-            "kind: io.statefun.endpoints.v2/http\n"
-            f"spec:\n  functions: model/*\n  urlPathTemplate: {remote_url}\n"
-        )
-    else:
-        endpoint = (
-            "kind: io.pystatefun.endpoints.v1/embedded\n"
-            f"spec:\n  functions: model/*\n  module: {FUNCTIONS}:functions\n"
-        )
+    endpoint = endpoint_yaml(FUNCTIONS, remote_url)
     text = (
         endpoint
         + "---\nkind: io.pystatefun.file.v1/ingress\nspec:\n  id: model/in\n  path: in.jsonl\n"

@@ -22,7 +22,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 import pytest
 
 from statefun._testing.kafka_broker import KafkaBroker
+from tests._support import endpoint_yaml, free_port
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
@@ -151,23 +151,8 @@ class Reader:
 # -- processes ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def write_module(tmp: Path, bootstrap: str, topic: str, tag: str, remote_url: str | None) -> None:
-    if remote_url:
-        endpoint = (
-            "kind: io.statefun.endpoints.v2/http\n"
-            f"spec:\n  functions: model/*\n  urlPathTemplate: {remote_url}\n"
-        )
-    else:
-        endpoint = (
-            "kind: io.pystatefun.endpoints.v1/embedded\n"
-            f"spec:\n  functions: model/*\n  module: {FUNCTIONS}:functions\n"
-        )
+    endpoint = endpoint_yaml(FUNCTIONS, remote_url)
     (tmp / "module.yaml").write_text(
         f"""{endpoint}---
 kind: io.statefun.kafka.v1/ingress

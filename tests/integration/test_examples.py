@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import free_port
+
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
 STATEFUN = [sys.executable, "-m", "statefun"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 20.0) -> None:

@@ -36,6 +36,7 @@ from statefun.sdk import make_app, start_server
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._serve import RunningServer
+from tests._support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_BODY = 4096
@@ -415,12 +416,6 @@ async def poll(condition: Callable[[], bool], what: str) -> None:
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def statefun_command() -> list[str]:
