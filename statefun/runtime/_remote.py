@@ -32,6 +32,8 @@ __all__ = ["RemoteClient", "decode_from_function", "encode_to_function"]
 
 log = logging.getLogger(__name__)
 
+_HEADERS = {"Content-Type": "application/octet-stream"}
+
 
 def _ld(tag: bytes, payload: bytes) -> bytes:
     return tag + varint(len(payload)) + payload
@@ -94,6 +96,7 @@ class RemoteClient:
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[TransportSpec, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         if self._session is None:
@@ -115,27 +118,28 @@ class RemoteClient:
         attempt = 0
         while True:
             attempt += 1
-            remaining = deadline - time.monotonic()
-            timeout = aiohttp.ClientTimeout(
-                total=max(0.001, remaining),
-                connect=transport.connect.total_seconds(),
-                sock_read=transport.read.total_seconds(),
-            )
+            if attempt == 1:
+                timeout = self._first_timeout(transport)
+            else:
+                timeout = aiohttp.ClientTimeout(
+                    total=max(0.001, deadline - time.monotonic()),
+                    connect=transport.connect.total_seconds(),
+                    sock_read=transport.read.total_seconds(),
+                )
             try:
                 async with self._session.post(
-                    url,
-                    data=body,
-                    headers={"Content-Type": "application/octet-stream"},
-                    timeout=timeout,
+                    url, data=body, headers=_HEADERS, timeout=timeout
                 ) as response:
                     if response.status == 200:
                         length = response.content_length
-                        if length is not None and length > self._max_response_bytes:
+                        if length is None:  # chunked: count while reading
+                            return await self._read_limited(response, url, typename)
+                        if length > self._max_response_bytes:
                             raise TerminalFunctionError(
                                 f"function {typename} at {url} answered with {length} bytes, "
                                 f"more than the limit of {self._max_response_bytes}"
                             )
-                        return await self._read_limited(response, url, typename)
+                        return await response.read()
                     reason = (await response.text(errors="replace"))[:200].strip()
                     problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
                     if 400 <= response.status < 500 and response.status not in (408, 429):
@@ -158,6 +162,16 @@ class RemoteClient:
             )
             await asyncio.sleep(pause)
             backoff = min(backoff * 2, self._max_backoff)
+
+    def _first_timeout(self, transport: TransportSpec) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(transport)
+        if timeout is None:
+            timeout = self._timeouts[transport] = aiohttp.ClientTimeout(
+                total=transport.call.total_seconds(),
+                connect=transport.connect.total_seconds(),
+                sock_read=transport.read.total_seconds(),
+            )
+        return timeout
 
     async def _read_limited(
         self, response: aiohttp.ClientResponse, url: str, typename: str
