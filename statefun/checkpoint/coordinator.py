@@ -11,7 +11,8 @@ steps (``CheckpointCoordinator.checkpoint``):
    registered; and each transactional sink seals the records since the previous cut as
    transaction N (``pre_commit``). Replies to HTTP calls produced so far are sealed too.
 2. **Write** (in a worker thread, while processing goes on): the state snapshot, the
-   messages, the timers and the sinks' transactions into ``chk-N/``, each file fsynced.
+   messages, the timers and the sinks' transactions into ``chk-N/`` (``state/`` and
+   ``cut.msgpack``), each file fsynced.
    Non-transactional (at-least-once) sinks flush, so nothing from before the cut is lost.
 3. **Complete**: ``chk-N/_metadata`` is written last and atomically. Only now does the
    checkpoint exist; a crash before this step leaves a folder that is never restored.
@@ -63,7 +64,9 @@ __all__ = ["CheckpointCoordinator", "SimulatedCrash", "restore"]
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: messages in flight, pending delayed messages and sink transactions of a checkpoint
+CUT_FILE = "cut.msgpack"
 
 
 class SimulatedCrash(BaseException):
@@ -230,9 +233,20 @@ class CheckpointCoordinator:
         if previous is not None and not previous.is_dir():
             previous = None
         manifest = cut.state.write(state_dir, previous)
-        _write_file(folder / "messages.bin", encode_envelopes(cut.messages))
-        _write_file(folder / "timers.bin", encode_timers(cut.timers))
-        _write_file(folder / "sinks.bin", bytes(msgpack.packb(cut.sinks, use_bin_type=True)))
+        # Messages, timers and sink transactions in one file: one fsync, not three.
+        _write_file(
+            folder / CUT_FILE,
+            bytes(
+                msgpack.packb(
+                    {
+                        "messages": encode_envelopes(cut.messages),
+                        "timers": encode_timers(cut.timers),
+                        "sinks": cut.sinks,
+                    },
+                    use_bin_type=True,
+                )
+            ),
+        )
         return {"state": manifest}
 
     def _metadata(self, cut: Cut, files: dict[str, Any], savepoint: bool) -> dict[str, Any]:
@@ -278,14 +292,13 @@ def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: boo
         if isinstance(function, RemoteFunction):
             for name, state_typename, mode, ttl_ms in specs:
                 function.specs[name] = StateSpec(name, state_typename, int(mode), int(ttl_ms))
-    for deadline, sender, token, envelope in decode_timers(
-        (checkpoint.path / "timers.bin").read_bytes()
-    ):
+    cut = msgpack.unpackb((checkpoint.path / CUT_FILE).read_bytes(), raw=False)
+    for deadline, sender, token, envelope in decode_timers(cut["timers"]):
         job.timers.add(deadline, envelope, sender, token)
-    for envelope in decode_envelopes((checkpoint.path / "messages.bin").read_bytes()):
+    for envelope in decode_envelopes(cut["messages"]):
         job.send(envelope)
     job.restored_positions = dict(metadata.get("positions", {}))
-    job.restored_sinks = msgpack.unpackb((checkpoint.path / "sinks.bin").read_bytes(), raw=False)
+    job.restored_sinks = cut["sinks"]
     log.info(
         "restored %s %d from %s: %d message(s) in flight, %d delayed message(s)",
         "savepoint" if checkpoint.is_savepoint else "checkpoint",

@@ -2,7 +2,7 @@
 
 Layout under the checkpoint directory::
 
-    chk-000042/            a checkpoint's data files (state/, messages.bin, ...)
+    chk-000042/            a checkpoint's data files (state/, cut.msgpack)
     chk-000042/_metadata   JSON, written last: a folder without it is not a checkpoint
 
 A checkpoint is complete exactly when its ``_metadata`` exists: it is written to a temporary

@@ -146,7 +146,7 @@ async def test_half_written_checkpoint_is_never_restored(tmp_path: Path) -> None
     latest = max(root.glob("chk-*"))
     bogus = root / "chk-999999"
     bogus.mkdir()
-    (bogus / "messages.bin").write_bytes(b"garbage")
+    (bogus / "cut.msgpack").write_bytes(b"garbage")
     job = make_job(tmp_path, embedded())
     await job.run()
     assert not bogus.exists()
