@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -24,3 +31,35 @@ def endpoint_yaml(functions_file: Path, remote_url: str | None, namespace: str =
         "kind: io.pystatefun.endpoints.v1/embedded\n"
         f"spec:\n  functions: {namespace}/*\n  module: {functions_file}:functions\n"
     )
+
+
+@contextlib.contextmanager
+def serve_functions(functions_file: Path, cwd: Path) -> Iterator[str]:
+    """`statefun serve` of ``functions_file`` in its own process; yields the function URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "statefun",
+            "serve",
+            f"{functions_file}:functions",
+            "--port",
+            str(port),
+        ],
+        cwd=cwd,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "function server did not start"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/statefun"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)

@@ -16,13 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests._support import endpoint_yaml, free_port
+from tests._support import endpoint_yaml, serve_functions
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -95,23 +94,8 @@ def function_server(request: pytest.FixtureRequest, tmp_path: Path):  # type: ig
     if request.param != "remote":
         yield None
         return
-    port = free_port()
-    server = subprocess.Popen(
-        [*STATEFUN, "serve", f"{FUNCTIONS}:functions", "--port", str(port)],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "function server did not start"
-            time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/statefun"
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=20)
+    with serve_functions(FUNCTIONS, ROOT) as url:
+        yield url
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])

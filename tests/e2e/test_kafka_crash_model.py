@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 import warnings
 from collections import Counter
@@ -37,7 +36,7 @@ from typing import Any
 import pytest
 
 from statefun._testing.kafka_broker import KafkaBroker
-from tests._support import endpoint_yaml, free_port
+from tests._support import endpoint_yaml, serve_functions
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
@@ -227,25 +226,8 @@ def function_server(request: pytest.FixtureRequest) -> Iterator[str | None]:
     if request.param != "remote":
         yield None
         return
-    port = free_port()
-    server = subprocess.Popen(
-        [*STATEFUN, "serve", f"{FUNCTIONS}:functions", "--port", str(port)],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "function server did not start"
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/statefun"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=20)
+    with serve_functions(FUNCTIONS, ROOT) as url:
+        yield url
 
 
 # -- the test -------------------------------------------------------------------------------------
