@@ -26,18 +26,10 @@ import json
 from typing import Any
 
 from statefun.sdk._proto import egress_pb2
-from statefun.sdk._types import (
-    BoolType,
-    DoubleType,
-    FloatType,
-    IntType,
-    LongType,
-    StringType,
-)
+from statefun.sdk._types import BUILTIN_TYPES
 
 __all__ = ["EgressRecord", "Sink", "describe_typed_value"]
 
-_BUILTIN = {t.typename: t for t in (BoolType, IntType, LongType, FloatType, DoubleType, StringType)}
 _KAFKA = "type.googleapis.com/io.statefun.sdk.egress.KafkaProducerRecord"
 _KINESIS = "type.googleapis.com/io.statefun.sdk.egress.KinesisEgressRecord"
 
@@ -72,7 +64,7 @@ def describe_typed_value(typed: Any) -> dict[str, Any]:
     if not typed.has_value:
         return {"typename": typename, "value": None}
     data = bytes(typed.value)
-    builtin = _BUILTIN.get(typename)
+    builtin = BUILTIN_TYPES.get(typename)
     if builtin is not None:
         value = builtin.serializer().deserialize(data)
         if isinstance(value, float) and value != value:  # NaN is not JSON

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from statefun.sdk._types import (
+    BUILTIN_TYPES,
     BoolType,
     DoubleType,
     FloatType,
@@ -18,10 +19,6 @@ from statefun.sdk._types import (
 )
 
 __all__ = ["BUILTIN_TYPES", "RecordError", "typed_value_from_json", "typed_value_from_text"]
-
-BUILTIN_TYPES = {
-    t.typename: t for t in (BoolType, IntType, LongType, FloatType, DoubleType, StringType)
-}
 
 
 class RecordError(ValueError):

@@ -362,6 +362,11 @@ StringType: Type = _WrapperType(
     _WrapperSerializer(types_pb2.StringWrapper, _encode_string, _decode_string),
 )
 
+#: The built-in types by typename.
+BUILTIN_TYPES: dict[str, Type] = {
+    t.typename: t for t in (BoolType, IntType, LongType, FloatType, DoubleType, StringType)
+}
+
 #: Built-in types whose Python values are immutable, so a decoded value may be cached.
 IMMUTABLE_TYPES: frozenset[Type] = frozenset(
     {BoolType, IntType, LongType, FloatType, DoubleType, StringType}

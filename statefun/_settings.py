@@ -178,9 +178,6 @@ class Settings:
             values[key] = _convert(key, known[key], raw)
         return cls(**values)
 
-    def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
-
 
 def _convert(name: str, f: dataclasses.Field[Any], raw: str) -> Any:
     default = f.default

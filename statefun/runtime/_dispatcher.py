@@ -36,8 +36,8 @@ from statefun.runtime._functions import (
 )
 from statefun.runtime._remote import decode_from_function, encode_to_function
 from statefun.runtime._timers import now_ms
-from statefun.sdk._context import InvocationContext
-from statefun.sdk._messages import Message
+from statefun.sdk._context import DelayedMessage, InvocationContext
+from statefun.sdk._messages import EgressMessage, Message
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
@@ -115,9 +115,6 @@ class Dispatcher:
         self.inbox.append((envelope, key_group))
         if not self._wake.is_set():
             self._wake.set()
-
-    def backlog(self) -> int:
-        return len(self.inbox) + sum(len(m) for m in self.busy.values())
 
     def messages(self) -> list[Envelope]:
         """Every message this subtask holds, in the order it would handle them per address."""
@@ -246,23 +243,7 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        address = context._address
-        send = job.send
-        for message in context.messages:
-            send(Envelope(message.target_typename, message.target_id, message.typed_value, address))
-        for delayed in context.delayed:
-            later = delayed.message
-            if later is None:
-                job.timers.cancel(key, delayed.cancellation_token)
-            else:
-                job.timers.schedule(
-                    delayed.delay_ms,
-                    Envelope(later.target_typename, later.target_id, later.typed_value, address),
-                    key,
-                    delayed.cancellation_token,
-                )
-        for egress in context.egress:
-            job.egress(egress.typename, egress.typed_value)
+        self._emit(key, context._address, context.messages, context.delayed, context.egress)
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
@@ -342,26 +323,29 @@ class Dispatcher:
         self,
         key: AddressKey,
         address: SdkAddress,
-        messages: list[tuple[str, str, Any]],
-        delayed: list[tuple[int, str, Message | None]],
-        egress: list[tuple[str, Any]],
+        messages: list[Message],
+        delayed: list[DelayedMessage],
+        egress: list[EgressMessage],
     ) -> None:
+        """The output of one invocation: messages to keyBy (feedback), delayed messages and
+        cancellations to the timer service, records to the sinks."""
         job = self.job
-        for typename, id_, value in messages:
-            job.send(Envelope(typename, id_, value, address))
-        for delay_ms, token, message in delayed:
-            if message is None:
-                job.timers.cancel(key, token)
+        send = job.send
+        for message in messages:
+            send(Envelope(message.target_typename, message.target_id, message.typed_value, address))
+        for entry in delayed:
+            later = entry.message
+            if later is None:
+                job.timers.cancel(key, entry.cancellation_token)
             else:
-                value = message.typed_value
                 job.timers.schedule(
-                    delay_ms,
-                    Envelope(message.target_typename, message.target_id, value, address),
+                    entry.delay_ms,
+                    Envelope(later.target_typename, later.target_id, later.typed_value, address),
                     key,
-                    token,
+                    entry.cancellation_token,
                 )
-        for egress_id, value in egress:
-            job.egress(egress_id, value)
+        for record in egress:
+            job.egress(record.typename, record.typed_value)
 
     async def _call_remote(
         self, function: RemoteFunction, key: AddressKey, key_group: int, batch: list[Envelope]
@@ -421,22 +405,24 @@ class Dispatcher:
     ) -> None:
         typename = function.typename
         # Check everything first: a malformed response must change nothing.
-        messages: list[tuple[str, str, Any]] = []
+        messages: list[Message] = []
         for outgoing in result.outgoing_messages:
             target = outgoing.target
             if not target.namespace or not target.type or not target.id:
                 raise MalformedResponseError(
                     f"function {typename} sent a message without a full target address"
                 )
-            messages.append((f"{target.namespace}/{target.type}", target.id, outgoing.argument))
-        delayed: list[tuple[int, str, Message | None]] = []
+            messages.append(
+                Message(f"{target.namespace}/{target.type}", target.id, outgoing.argument)
+            )
+        delayed: list[DelayedMessage] = []
         for d in result.delayed_invocations:
             if d.is_cancellation_request:
                 if not d.cancellation_token:
                     raise MalformedResponseError(
                         f"function {typename} sent a cancellation without a token"
                     )
-                delayed.append((0, d.cancellation_token, None))
+                delayed.append(DelayedMessage(0, None, d.cancellation_token))
                 continue
             target = d.target
             if not target.namespace or not target.type or not target.id:
@@ -448,17 +434,17 @@ class Dispatcher:
             argument = d.argument
             value = TypedValue(argument.typename, argument.value if argument.has_value else None)
             delayed.append(
-                (
+                DelayedMessage(
                     d.delay_in_ms,
-                    d.cancellation_token,
                     Message(f"{target.namespace}/{target.type}", target.id, value),
+                    d.cancellation_token,
                 )
             )
-        egress: list[tuple[str, Any]] = []
+        egress: list[EgressMessage] = []
         for e in result.outgoing_egresses:
             if not e.egress_namespace or not e.egress_type:
                 raise MalformedResponseError(f"function {typename} sent egress without an id")
-            egress.append((f"{e.egress_namespace}/{e.egress_type}", e.argument))
+            egress.append(EgressMessage(f"{e.egress_namespace}/{e.egress_type}", e.argument))
         written: list[str] = []
         for mutation in result.state_mutations:
             name = mutation.state_name

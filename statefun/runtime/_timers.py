@@ -13,7 +13,6 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from statefun.runtime._envelope import Envelope
 from statefun.state.base import AddressKey
@@ -133,6 +132,3 @@ class TimerService:
             entries[:] = [e for e in entries if e is not entry]
             if not entries:
                 del self._by_token[key]
-
-    def describe(self) -> dict[str, Any]:
-        return {"pending": self._live, "next_deadline_ms": self._armed_for}

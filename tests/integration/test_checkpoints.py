@@ -143,7 +143,6 @@ async def test_half_written_checkpoint_is_never_restored(tmp_path: Path) -> None
     write_input(tmp_path / "in.jsonl", ids=5, per_id=5)
     await make_job(tmp_path, embedded()).run()
     root = tmp_path / "checkpoints"
-    latest = max(root.glob("chk-*"))
     bogus = root / "chk-999999"
     bogus.mkdir()
     (bogus / "cut.msgpack").write_bytes(b"garbage")
@@ -151,7 +150,6 @@ async def test_half_written_checkpoint_is_never_restored(tmp_path: Path) -> None
     await job.run()
     assert not bogus.exists()
     assert output(tmp_path / "out.jsonl") == expected(5, 5)
-    assert latest.exists() or job.checkpoints is not None
 
 
 async def test_a_batch_is_in_flight_from_the_moment_it_is_dispatched() -> None:
