@@ -2,11 +2,15 @@
 
 Answers every ``POST /statefun`` with the same FromFunction bytes, read once from a file
 (the benchmark writes a real reply of the counter function there), after reading the request
-body. ``GET /health`` answers ``ok``. Served by aiohttp exactly like ``statefun serve``
-(``web.AppRunner`` and ``web.TCPSite``), so the only difference to the function server is
-the work of the SDK handler.
+body. ``GET /health`` answers. Two servers:
 
-    python bench/_echo_server.py --port 8123 --reply reply.bin
+  aiohttp   (default) ``web.AppRunner`` and ``web.TCPSite``: the issue's "trivial aiohttp
+            echo server", and how ``make_app`` serves functions
+  builtin   the built-in server of ``statefun serve`` (statefun.sdk._http_server), with an
+            endpoint whose "function" is the fixed reply: the same server as the function
+            server, minus the SDK handler's work
+
+    python bench/_echo_server.py --port 8123 --reply reply.bin [--server builtin]
 """
 
 from __future__ import annotations
@@ -33,6 +37,27 @@ def make_app(reply: bytes) -> web.Application:
     return app
 
 
+async def main_builtin(host: str, port: int, reply: bytes) -> None:
+    from statefun import StatefulFunctions
+    from statefun.sdk._endpoint import CONTENT_TYPE, Endpoint, Reply
+    from statefun.sdk._http_server import HttpServer
+
+    fixed = Reply(200, CONTENT_TYPE, reply)
+
+    class Echo(Endpoint):
+        def invoke(self, body: bytes) -> Reply:
+            return fixed
+
+    server = HttpServer(Echo(StatefulFunctions()))
+    await server.start(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await server.close(5.0)
+
+
 async def main(host: str, port: int, reply: bytes) -> None:
     runner = web.AppRunner(make_app(reply), handle_signals=False)
     await runner.setup()
@@ -50,5 +75,7 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--reply", type=Path, required=True, help="file holding the reply body")
+    parser.add_argument("--server", choices=["aiohttp", "builtin"], default="aiohttp")
     args = parser.parse_args()
-    asyncio.run(main(args.host, args.port, args.reply.read_bytes()))
+    run = main_builtin if args.server == "builtin" else main
+    asyncio.run(run(args.host, args.port, args.reply.read_bytes()))

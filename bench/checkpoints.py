@@ -583,6 +583,7 @@ def http_scenario(
         "state_dir": str(tmp / "state"),
         "admin_port": str(admin_port),
         "dead_letter_path": str(tmp / "dead-letters.jsonl"),
+        **dict(item.split("=", 1) for item in args.set),
     }
     try:
         with runtime_process(tmp, settings, ingress_port) as runtime:
@@ -672,10 +673,12 @@ def part_throughput(args: argparse.Namespace, report: Report) -> None:
 
 def part_http(args: argparse.Namespace, report: Report) -> None:
     progress(f"2. request-reply over the HTTP ingress, WAL on, {args.concurrency} callers")
-    scenarios = [("immediate", 1000, "memory")] + [
-        ("on-checkpoint", args.reply_interval_ms, backend) for backend in args.backends
-    ]
-    for keys in (1000, 1):
+    scenarios = [("immediate", 1000, "memory")] if "immediate" in args.releases else []
+    if "on-checkpoint" in args.releases:
+        scenarios += [
+            ("on-checkpoint", args.reply_interval_ms, backend) for backend in args.backends
+        ]
+    for keys in args.keys:
         for release, interval, backend in scenarios:
             progress(
                 f"  {keys:,} key(s), reply_release={release}, checkpoints every {interval} ms, "
@@ -884,6 +887,22 @@ def main() -> int:
         type=int,
         default=20,
         help="part 2: checkpoint interval with reply_release=on-checkpoint (default 20)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="part 2: a runtime setting, as with statefun run --set",
+    )
+    parser.add_argument(
+        "--keys", type=int, nargs="+", default=[1000, 1], help="part 2: keys (default 1000 1)"
+    )
+    parser.add_argument(
+        "--releases",
+        nargs="+",
+        default=["immediate", "on-checkpoint"],
+        help="part 2: reply_release values (default both)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -56,9 +56,14 @@ class HttpSource(Source):
         max_pending: int = 10_000,
         replies: dict[str, asyncio.Future[Any]] | None = None,
         wal_dir: Path | None = None,
+        log_calls: bool = True,
     ) -> None:
         super().__init__(ingress_id)
         self.wal = WriteAheadLog(wal_dir) if wal_dir is not None else None
+        #: whether /call messages go through the WAL too. Not when replies are held until a
+        #: checkpoint: the reply is then the acknowledgement, sent only once a checkpoint
+        #: holds the message or its effects, and a call lost in a crash failed visibly.
+        self.log_calls = log_calls
         self.position = 0  # sequence number of the last WAL record handed to the runtime
         self._checkpointed = 0
         self._group: list[tuple[list[Any], asyncio.Future[None]]] = []
@@ -167,13 +172,18 @@ class HttpSource(Source):
                     future.set_result(None)
 
     async def _deliver(
-        self, typename: str, id_: str, value: TypedValue, caller: SdkAddress | None
+        self,
+        typename: str,
+        id_: str,
+        value: TypedValue,
+        caller: SdkAddress | None,
+        durable: bool = True,
     ) -> None:
         """Hand a message to the runtime: durably first when there is a WAL."""
         context = await self._admit()
         self._waiting += 1
         try:
-            if self.wal is None:
+            if self.wal is None or not durable:
                 await context.submit(typename, id_, value, caller)
                 return
             record = [
@@ -259,7 +269,7 @@ class HttpSource(Source):
             caller = SdkAddress(
                 REPLY_NAMESPACE, REPLY_NAME, request_id, f"{REPLY_NAMESPACE}/{REPLY_NAME}"
             )
-            await self._deliver(typename, id_, value, caller)
+            await self._deliver(typename, id_, value, caller, durable=self.log_calls)
             self.accepted += 1
             try:
                 reply = await asyncio.wait_for(future, self.reply_timeout_s)

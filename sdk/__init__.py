@@ -81,7 +81,8 @@ __all__ = [
 if TYPE_CHECKING:
     from statefun.sdk._serve import make_app, serve, start_server
 
-# HTTP serving needs aiohttp: it is imported on first use, never by `import statefun`.
+# HTTP serving is imported on first use, never by `import statefun` (and aiohttp only by
+# make_app: the built-in server needs nothing but asyncio).
 _SERVING = ("make_app", "serve", "start_server")
 
 

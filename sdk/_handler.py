@@ -8,6 +8,7 @@ encoded FromFunction. It is what an HTTP server (see ``serve``) wraps.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -74,6 +75,18 @@ class RequestReplyHandler:
             return batch
         if batch.is_async:
             return await _run_async(batch)
+        return _run_sync(batch)
+
+    def begin(
+        self, request_bytes: bytes | bytearray | memoryview
+    ) -> bytes | Coroutine[Any, Any, bytes]:
+        """The reply at once when the target function is a ``def``; a coroutine to await when
+        it is an ``async def``. For servers that run sync functions without a task each."""
+        batch = self._prepare(request_bytes)
+        if isinstance(batch, bytes):
+            return batch
+        if batch.is_async:
+            return _run_async(batch)
         return _run_sync(batch)
 
     # -- the three steps -------------------------------------------------------------------

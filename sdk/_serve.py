@@ -1,20 +1,11 @@
-"""Serving functions over HTTP with aiohttp: StateFun's request-reply protocol v3.
+"""Serving functions over HTTP: StateFun's request-reply protocol v3.
 
-``make_app`` builds the aiohttp application: ``POST <path>`` takes a ToFunction and answers
-with a FromFunction, ``GET /health`` says which functions are served. ``start_server`` runs it
-inside the current event loop (``port=0`` picks a free port) and ``serve`` is the blocking
-form for a process of its own, stopped gracefully by SIGINT or SIGTERM.
-
-Errors are answered with one line of plain text and never with a traceback:
-
-====  ==========================================================================
-400   the body is not a ToFunction with an invocation batch
-404   no function is registered for the target's typename
-405   a method other than POST on the function path
-413   a body larger than ``max_body_bytes``
-415   a Content-Type other than ``application/octet-stream`` (none at all is fine)
-500   the function raised; the traceback goes to this module's logger
-====  ==========================================================================
+``start_server`` runs the built-in HTTP/1.1 server (``_http_server``) inside the current event
+loop (``port=0`` picks a free port) and ``serve`` is the blocking form for a process of its
+own, stopped gracefully by SIGINT or SIGTERM. ``make_app`` builds an aiohttp application
+instead, for mounting the functions in an aiohttp app of one's own. Both answer ``POST
+<path>`` with a FromFunction and ``GET /health`` with the functions served, through the same
+``Endpoint`` (see ``_endpoint`` for the error replies: 400, 404, 405, 413, 415, 500).
 """
 
 from __future__ import annotations
@@ -24,14 +15,21 @@ import logging
 import signal
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import hdrs, web
-
-from statefun._exceptions import MalformedRequestError, UnknownFunctionError
+from statefun.sdk._endpoint import (
+    DEFAULT_MAX_BODY_BYTES,
+    HEALTH_PATH,
+    Endpoint,
+    Reply,
+    as_handler,
+)
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
-from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.sdk._http_server import HttpServer
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -45,56 +43,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
-HEALTH_PATH = "/health"
-CONTENT_TYPE = "application/octet-stream"
-
-_MAX_REASON = 500  # characters of an exception message kept in a reply
-
-
-def _one_line(text: str) -> str:
-    """``text`` on one line, shortened to a reasonable length."""
-    line = " ".join(text.split())
-    if len(line) > _MAX_REASON:
-        line = line[: _MAX_REASON - 3] + "..."
-    return line
-
-
-def _plain(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status, text=_one_line(reason) + "\n", content_type="text/plain", headers=headers
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    message = str(exc)
-    name = type(exc).__name__
-    return f"{name}: {message}" if message else name
-
-
-def _target_typename(body: bytes) -> str:
-    """The typename a request is addressed to (only called after the handler decoded it)."""
-    try:
-        target = pb.ToFunction.FromString(body).invocation.target
-    except Exception:  # pragma: no cover - the handler decoded the same bytes already
-        return "?"
-    return f"{target.namespace}/{target.type}"
-
-
-def _as_handler(functions_or_handler: object) -> RequestReplyHandler:
-    if isinstance(functions_or_handler, RequestReplyHandler):
-        return functions_or_handler
-    if isinstance(functions_or_handler, StatefulFunctions):
-        return RequestReplyHandler(functions_or_handler)
-    raise TypeError(
-        "expected a StatefulFunctions or a RequestReplyHandler, "
-        f"got {type(functions_or_handler).__name__}"
-    )
-
-
-def _media_type(value: str) -> str:
-    return value.split(";", 1)[0].strip().lower()
 
 
 def make_app(
@@ -109,55 +58,32 @@ def make_app(
     Functions defined with ``def`` (not ``async def``) run on the event loop's thread: while
     one runs, no other request is served.
     """
-    handler = _as_handler(functions_or_handler)
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise ValueError(f"the path must start with '/', got {path!r}")
-    if path == HEALTH_PATH:
-        raise ValueError(f"the path {HEALTH_PATH!r} is taken by the health check")
-    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
-        raise TypeError("max_body_bytes must be an int")
-    if max_body_bytes <= 0:
-        raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    from aiohttp import web
 
-    handle_async = handler.handle_async
-    registry = handler.functions
-    allow = {"Allow": "POST"}
+    endpoint = Endpoint(functions_or_handler, path, max_body_bytes)
+
+    def response(reply: Reply) -> web.Response:
+        status, content_type, body, headers = reply
+        return web.Response(
+            status=status, body=body, content_type=content_type, headers=dict(headers)
+        )
 
     async def invoke(request: web.Request) -> web.StreamResponse:
-        if request.method != hdrs.METH_POST:
-            return _plain(405, f"method {request.method} is not allowed on {path}; use POST", allow)
-        content_type = request.headers.get(hdrs.CONTENT_TYPE)
-        if content_type is not None and _media_type(content_type) != CONTENT_TYPE:
-            return _plain(415, f"unsupported Content-Type {content_type!r}; send {CONTENT_TYPE}")
-        length = request.content_length
-        if length is not None and length > max_body_bytes:
-            return _too_large(length)
+        early = endpoint.check(
+            request.method, path, request.headers.get("Content-Type"), request.content_length
+        )
+        if early is not None:
+            return response(early)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _too_large(None)
-        try:
-            reply = await handle_async(body)
-        except MalformedRequestError as exc:
-            log.warning("bad request on %s: %s", path, exc)
-            return _plain(400, str(exc))
-        except UnknownFunctionError as exc:
-            log.warning("request on %s: %s", path, exc)
-            return _plain(404, str(exc))
-        except Exception as exc:
-            typename = _target_typename(body)
-            log.exception("function %s failed", typename)
-            return _plain(500, f"function {typename} failed: {_describe(exc)}")
-        return web.Response(body=reply, content_type=CONTENT_TYPE)
-
-    def _too_large(length: int | None) -> web.Response:
-        size = f"{length} bytes" if length is not None else "the body"
-        reason = f"request body too large: {size} exceeds the limit of {max_body_bytes} bytes"
-        log.warning("rejected request on %s: %s", path, reason)
-        return _plain(413, reason)
+            return response(endpoint.too_large(None))
+        return response(await endpoint.invoke_async(body))
 
     async def health(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"status": "ok", "functions": sorted(registry.typenames())})
+        reply = endpoint.check("GET", HEALTH_PATH, None, None)
+        assert reply is not None
+        return response(reply)
 
     # The body limit is checked by invoke() (Content-Length) and by request.read() (chunked).
     app = web.Application(client_max_size=max_body_bytes)
@@ -170,13 +96,20 @@ class RunningServer:
     """A server started by ``start_server``; ``await close()`` (or ``async with``) stops it."""
 
     def __init__(
-        self, runner: web.AppRunner, host: str, port: int, path: str, typenames: list[str]
+        self,
+        server: HttpServer,
+        host: str,
+        port: int,
+        path: str,
+        typenames: list[str],
+        shutdown_timeout: float,
     ) -> None:
-        self.runner = runner
+        self.server = server
         self.host = host
         self.port = port
         self.path = path
         self.typenames = typenames
+        self.shutdown_timeout = shutdown_timeout
 
     @property
     def url(self) -> str:
@@ -186,7 +119,7 @@ class RunningServer:
 
     async def close(self) -> None:
         """Stop listening, let in-flight requests finish (up to the shutdown timeout), close."""
-        await self.runner.cleanup()
+        await self.server.close(self.shutdown_timeout)
 
     async def __aenter__(self) -> RunningServer:
         return self
@@ -211,22 +144,17 @@ async def start_server(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    keepalive_timeout: float = 75.0,
 ) -> RunningServer:
-    """Start serving in the running event loop; ``port=0`` picks a free port (see ``.port``)."""
-    handler = _as_handler(functions_or_handler)
-    app = make_app(handler, path=path, max_body_bytes=max_body_bytes)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    addresses = runner.addresses
-    bound_port = int(addresses[0][1]) if addresses else port
-    typenames = sorted(handler.functions.typenames())
-    return RunningServer(runner, host, bound_port, path, typenames)
+    """Start serving in the running event loop; ``port=0`` picks a free port (see ``.port``).
+
+    Idle keep-alive connections, and requests that stop half-way, are closed after
+    ``keepalive_timeout`` seconds.
+    """
+    endpoint = Endpoint(functions_or_handler, path, max_body_bytes)
+    server = HttpServer(endpoint, keepalive_timeout=keepalive_timeout)
+    bound_port = await server.start(host, port)
+    return RunningServer(server, host, bound_port, path, endpoint.typenames(), shutdown_timeout)
 
 
 def serve(
@@ -244,7 +172,7 @@ def serve(
     finish (for at most ``shutdown_timeout`` seconds) and returns; a second signal stops
     waiting for them.
     """
-    _as_handler(functions)  # fail before starting a loop
+    as_handler(functions)  # fail before starting a loop
     asyncio.run(
         _serve_until_signalled(
             functions,

@@ -92,6 +92,14 @@ class Settings:
             "Without checkpoints replies are always immediate"
         ),
     )
+    reply_checkpoint_delay_ms: int = field(
+        default=5,
+        metadata=_doc(
+            "with reply_release=on-checkpoint: a checkpoint starts at most this long after a "
+            "reply is held, sooner than checkpoint_interval_ms if need be (group commit: one "
+            "checkpoint releases every reply held by then; under load they run back to back)"
+        ),
+    )
     restart_strategy: Literal["none", "fixed-delay", "exponential"] = field(
         default="exponential",
         metadata=_doc("how `statefun run` restarts a failed job from its last checkpoint"),
@@ -135,6 +143,8 @@ class Settings:
             raise ConfigurationError("max_in_flight_messages must be at least 1")
         if self.checkpoint_interval_ms < 10:
             raise ConfigurationError("checkpoint_interval_ms must be at least 10")
+        if self.reply_checkpoint_delay_ms < 0:
+            raise ConfigurationError("reply_checkpoint_delay_ms must be at least 0")
         if self.checkpoints_retained < 1:
             raise ConfigurationError("checkpoints_retained must be at least 1")
         for name, allowed in (

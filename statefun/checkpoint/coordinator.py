@@ -15,11 +15,15 @@ steps (``CheckpointCoordinator.checkpoint``):
    ``cut.msgpack``), each file fsynced.
    Non-transactional (at-least-once) sinks flush, so nothing from before the cut is lost.
 3. **Complete**: ``chk-N/_metadata`` is written last and atomically. Only now does the
-   checkpoint exist; a crash before this step leaves a folder that is never restored.
+   checkpoint exist; a crash before this step leaves a folder that is never restored. Then
+   checkpoints beyond the newest ``checkpoints_retained`` are deleted (N replaces them).
+   Steps 2 and 3 run in one trip to the worker thread unless a sink must flush between them.
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
    their positions are durable (Kafka offsets to the group, WAL trimming), and the sealed HTTP
    replies are released.
-5. **Prune**: only the newest ``checkpoints_retained`` checkpoints are kept.
+
+When checkpoints start: every ``checkpoint_interval_ms`` (start to start), and sooner when
+``request_soon`` asks (a held HTTP reply waits at most ``reply_checkpoint_delay_ms``).
 
 Checkpoints never overlap: N+1 is cut only after N committed, so on recovery from N every
 earlier transaction is already committed and only N's may need finishing.
@@ -114,6 +118,8 @@ class CheckpointCoordinator:
         self._hook = hook
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
+        self._nudge = asyncio.Event()  # stop, or a sooner checkpoint was asked for
+        self._due: float | None = None  # loop time of the checkpoint asked for, if sooner
         self._next_id = storage.next_id()
         self.completed = 0
         self.last: CompletedCheckpoint | None = None
@@ -125,21 +131,34 @@ class CheckpointCoordinator:
             self._hook(name, checkpoint_id)
 
     async def run(self) -> None:
-        """Checkpoint periodically until ``stop``: the interval is from start to start."""
+        """Checkpoint periodically until ``stop``: the interval is from start to start, and a
+        checkpoint asked for with ``request_soon`` starts sooner."""
         loop = asyncio.get_running_loop()
         next_start = loop.time() + self.interval
         while not self._stopped.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), max(0.0, next_start - loop.time()))
-            if self._stopped.is_set():
-                return
+            due = next_start if self._due is None else min(next_start, self._due)
+            delay = due - loop.time()
+            if delay > 0:
+                self._nudge.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudge.wait(), delay)
+                continue
+            self._due = None
             # A checkpoint that took longer than the interval delays the next one; none overlap.
             next_start = max(next_start + self.interval, loop.time())
             await self.checkpoint()
 
+    def request_soon(self, delay_ms: int) -> None:
+        """Start a checkpoint within ``delay_ms`` (after the one in progress, if any)."""
+        due = asyncio.get_running_loop().time() + delay_ms / 1000.0
+        if self._due is None or due < self._due:
+            self._due = due
+            self._nudge.set()
+
     async def stop(self) -> None:
         """End the periodic checkpoints, letting one in progress finish."""
         self._stopped.set()
+        self._nudge.set()
         async with self._lock:
             pass
 
@@ -155,16 +174,22 @@ class CheckpointCoordinator:
                 folder = self.storage.begin(checkpoint_id, savepoint=savepoint, root=root)
                 # 2. Write.
                 previous = None if savepoint or self.last is None else self.last.path / "state"
-                files = await asyncio.to_thread(self._write, folder, cut, previous)
-                # At-least-once sinks: what they hold from before the cut must be out before
-                # the checkpoint exists (a crash right after it must not lose it).
-                for sink in self.job.sinks.values():
-                    if not sink.transactional:
+                metadata = self._metadata(cut, savepoint)
+                flushing = [s for s in self.job.sinks.values() if not s.transactional]
+                if flushing:
+                    files = await asyncio.to_thread(self._write, folder, cut, previous)
+                    # At-least-once sinks: what they hold from before the cut must be out
+                    # before the checkpoint exists (a crash right after must not lose it).
+                    for sink in flushing:
                         await sink.flush()
-                self._step("written", checkpoint_id)
-                # 3. Complete: metadata last, atomically.
-                metadata = self._metadata(cut, files, savepoint)
-                completed = await asyncio.to_thread(self.storage.finish, folder, metadata)
+                    self._step("written", checkpoint_id)
+                    completed = await asyncio.to_thread(
+                        self._complete, folder, {**metadata, **files}, savepoint
+                    )
+                else:  # 2. and 3. in one trip to a worker thread
+                    completed = await asyncio.to_thread(
+                        self._write_and_complete, folder, cut, previous, metadata, savepoint
+                    )
             finally:
                 release = getattr(cut.state, "release", None)
                 if release is not None:
@@ -181,9 +206,6 @@ class CheckpointCoordinator:
             self.job.release_replies(cut.replies)
             self.job.check_sink_backlog()
             self._step("committed", checkpoint_id)
-            # 5. Prune.
-            if not savepoint:
-                await asyncio.to_thread(self.storage.prune)
             # Long-lived state need not be scanned by every full garbage collection again
             # (it holds no reference cycles; reference counting still frees it).
             gc.freeze()
@@ -249,7 +271,8 @@ class CheckpointCoordinator:
         )
         return {"state": manifest}
 
-    def _metadata(self, cut: Cut, files: dict[str, Any], savepoint: bool) -> dict[str, Any]:
+    def _metadata(self, cut: Cut, savepoint: bool) -> dict[str, Any]:
+        """The metadata of ``cut`` without its files (taken on the event loop's thread)."""
         settings = self.job.settings
         return {
             "format": FORMAT_VERSION,
@@ -265,8 +288,29 @@ class CheckpointCoordinator:
             "timers": len(cut.timers),
             "sinks": sorted(cut.sinks),
             "state_types": sorted(self.job.state_types),
-            **files,
         }
+
+    def _complete(
+        self, folder: Path, metadata: dict[str, Any], savepoint: bool
+    ) -> CompletedCheckpoint:
+        """Step 3 (in a worker thread): metadata last and atomically, then the checkpoints
+        beyond the newest ``checkpoints_retained`` go (not needed once this one exists)."""
+        completed = self.storage.finish(folder, metadata)
+        if not savepoint:
+            self.storage.prune()
+        return completed
+
+    def _write_and_complete(
+        self,
+        folder: Path,
+        cut: Cut,
+        previous: Path | None,
+        metadata: dict[str, Any],
+        savepoint: bool,
+    ) -> CompletedCheckpoint:
+        files = self._write(folder, cut, previous)
+        self._step("written", cut.id)
+        return self._complete(folder, {**metadata, **files}, savepoint)
 
 
 def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:

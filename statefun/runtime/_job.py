@@ -225,6 +225,8 @@ class Job:
 
     def _reply(self, envelope: Envelope) -> None:
         if self._hold_replies:
+            if not self._unreleased_replies and self.checkpoints is not None:
+                self.checkpoints.request_soon(self.settings.reply_checkpoint_delay_ms)
             self._unreleased_replies.append((envelope.id, envelope.value))
         else:
             self._release_reply(envelope.id, envelope.value)
@@ -287,6 +289,7 @@ class Job:
         record["type"] = str(value.typename)
         record["value_base64"] = base64.b64encode(bytes(value.value)).decode("ascii")
         path = Path(self.settings.dead_letter_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
 

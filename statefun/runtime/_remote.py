@@ -1,9 +1,10 @@
 """Calling remote functions: the ToFunction encoder, the FromFunction decoder, the HTTP client.
 
 The encoder and decoder are pure (bytes in, bytes out). ``RemoteClient`` is the one pooled
-aiohttp client of the runtime: connect and read timeouts per attempt, retries with
-exponential backoff until the endpoint's call timeout, then a RetryableFunctionError (or a
-TerminalFunctionError at once when retrying cannot help).
+HTTP client of the runtime (``_http.HttpPool``): connect and read timeouts per attempt, the
+call timeout over all attempts, retries with exponential backoff and jitter until the call
+timeout, then a RetryableFunctionError (or a TerminalFunctionError at once when retrying
+cannot help: a 4xx other than 408/429, an oversized response, a URL that cannot be called).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import aiohttp
 from google.protobuf.message import DecodeError
 
 from statefun._exceptions import (
@@ -25,14 +25,13 @@ from statefun._exceptions import (
 )
 from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
+from statefun.runtime._http import HttpPool, ProtocolError, ResponseTooLarge, Target, parse_target
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import encode_address, encode_typed_value, varint
 
 __all__ = ["RemoteClient", "decode_from_function", "encode_to_function"]
 
 log = logging.getLogger(__name__)
-
-_HEADERS = {"Content-Type": "application/octet-stream"}
 
 
 def _ld(tag: bytes, payload: bytes) -> bytes:
@@ -82,7 +81,7 @@ def decode_from_function(data: bytes, typename: str) -> Any:
 
 
 class RemoteClient:
-    """The pooled HTTP client for every remote function of the runtime."""
+    """The pooled HTTP client for every remote function of the runtime (see ``_http``)."""
 
     def __init__(
         self,
@@ -95,57 +94,66 @@ class RemoteClient:
         self._initial_backoff = initial_backoff_ms / 1000.0
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[TransportSpec, aiohttp.ClientTimeout] = {}
+        self._pool: HttpPool | None = None
+        self._targets: dict[str, Target] = {}
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
-            self._session = aiohttp.ClientSession(connector=connector)
+        if self._pool is None:
+            self._pool = HttpPool(self._max_connections, self._max_response_bytes)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    def _target(self, url: str, typename: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            try:
+                target = self._targets[url] = parse_target(url)
+            except ValueError as exc:
+                raise TerminalFunctionError(f"function {typename}: {exc}") from None
+        return target
 
     async def call(self, url: str, body: bytes, transport: TransportSpec, typename: str) -> bytes:
         """POST ``body`` to ``url``; the response body. Retries until the call timeout."""
-        if self._session is None:
+        if self._pool is None:
             await self.start()
-        assert self._session is not None
-        deadline = time.monotonic() + transport.call.total_seconds()
+        pool = self._pool
+        assert pool is not None
+        target = self._target(url, typename)
+        call_timeout = transport.call.total_seconds()
+        connect = transport.connect.total_seconds()
+        read = transport.read.total_seconds()
+        deadline = time.monotonic() + call_timeout
         backoff = self._initial_backoff
         attempt = 0
+        problem = ""
         while True:
             attempt += 1
-            if attempt == 1:
-                timeout = self._first_timeout(transport)
-            else:
-                timeout = aiohttp.ClientTimeout(
-                    total=max(0.001, deadline - time.monotonic()),
-                    connect=transport.connect.total_seconds(),
-                    sock_read=transport.read.total_seconds(),
-                )
+            remaining = deadline - time.monotonic() if attempt > 1 else call_timeout
             try:
-                async with self._session.post(
-                    url, data=body, headers=_HEADERS, timeout=timeout
-                ) as response:
-                    if response.status == 200:
-                        length = response.content_length
-                        if length is None:  # chunked: count while reading
-                            return await self._read_limited(response, url, typename)
-                        if length > self._max_response_bytes:
-                            raise TerminalFunctionError(
-                                f"function {typename} at {url} answered with {length} bytes, "
-                                f"more than the limit of {self._max_response_bytes}"
-                            )
-                        return await response.read()
-                    reason = (await response.text(errors="replace"))[:200].strip()
-                    problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
-                    if 400 <= response.status < 500 and response.status not in (408, 429):
-                        raise TerminalFunctionError(f"function {typename}: {problem}")
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                problem = f"{type(exc).__name__} calling {url}: {exc}"
+                if attempt == 1:
+                    response = await pool.post(target, body, connect, read, call_timeout)
+                else:
+                    response = await pool.post(
+                        target, body, min(connect, remaining), read, max(0.001, remaining)
+                    )
+                if response.status == 200:
+                    return response.body
+                reason = response.body[:200].decode("utf-8", "replace").strip()
+                problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
+                if 400 <= response.status < 500 and response.status not in (408, 429):
+                    raise TerminalFunctionError(f"function {typename}: {problem}")
+            except ResponseTooLarge as exc:
+                raise TerminalFunctionError(
+                    f"function {typename} at {url} answered with {exc}"
+                ) from None
+            except (TimeoutError, ProtocolError, OSError) as exc:
+                # A last attempt cut short by the call timeout says less than the one before.
+                cut_short = isinstance(exc, TimeoutError) and time.monotonic() >= deadline
+                if not (cut_short and problem):
+                    problem = f"{type(exc).__name__} calling {url}: {exc}"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RetryableFunctionError(
@@ -162,28 +170,3 @@ class RemoteClient:
             )
             await asyncio.sleep(pause)
             backoff = min(backoff * 2, self._max_backoff)
-
-    def _first_timeout(self, transport: TransportSpec) -> aiohttp.ClientTimeout:
-        timeout = self._timeouts.get(transport)
-        if timeout is None:
-            timeout = self._timeouts[transport] = aiohttp.ClientTimeout(
-                total=transport.call.total_seconds(),
-                connect=transport.connect.total_seconds(),
-                sock_read=transport.read.total_seconds(),
-            )
-        return timeout
-
-    async def _read_limited(
-        self, response: aiohttp.ClientResponse, url: str, typename: str
-    ) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > self._max_response_bytes:
-                raise TerminalFunctionError(
-                    f"function {typename} at {url} answered with more than "
-                    f"{self._max_response_bytes} bytes"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)

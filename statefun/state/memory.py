@@ -156,6 +156,7 @@ class MemoryStateSnapshot(StateSnapshot):
         total_entries = 0
         written: list[int] = []
         groups = self._groups
+        since_yield = 0
         with (directory / STATE_FILE).open("wb") as out:
             for key_group in sorted(groups):
                 group = groups[key_group]
@@ -169,7 +170,12 @@ class MemoryStateSnapshot(StateSnapshot):
                     count = min(left, CHUNK)
                     out.write(pack_entries(entries, count))
                     left -= count
-                    time.sleep(0)  # let the event loop have the GIL between chunks
+                    since_yield += count
+                    if since_yield >= CHUNK:
+                        # Let the event loop have the GIL now and then: not per key group,
+                        # as taking it back costs up to the switch interval each time.
+                        since_yield = 0
+                        time.sleep(0)
                 total_entries += len(group)
                 written.append(key_group)
             out.flush()

@@ -58,6 +58,7 @@ def output(path: Path) -> Counter[str]:
 def make_job(tmp: Path, endpoint: Any, hook: Any = None, **settings: Any) -> Job:
     options = {
         "checkpoint_dir": str(tmp / "checkpoints"),
+        "dead_letter_path": str(tmp / "dead-letters.jsonl"),
         "checkpoint_interval_ms": 10,
         "max_in_flight_messages": 64,
         **settings,

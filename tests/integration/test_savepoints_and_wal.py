@@ -30,6 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 def job_with(tmp: Path, parallelism: int, endpoint: Any = None, **settings: Any) -> Job:
     options = {
         "checkpoint_dir": str(tmp / "checkpoints"),
+        "dead_letter_path": str(tmp / "dead-letters.jsonl"),
         "checkpoint_interval_ms": 10,
         "parallelism": parallelism,
         "max_in_flight_messages": 64,

@@ -1,4 +1,7 @@
-"""HTTP serving: a real aiohttp server on 127.0.0.1, a real aiohttp client, real protobuf bytes.
+"""HTTP serving: real servers on 127.0.0.1, a real aiohttp client, real protobuf bytes.
+
+The endpoint tests run against both servers: the built-in one (``start_server``) and the
+aiohttp application (``make_app``).
 
 Also the ``statefun serve`` command, run as a process of its own.
 """
@@ -15,10 +18,12 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from statefun import (
     Context,
@@ -150,11 +155,53 @@ def probe() -> Probe:
     return Probe()
 
 
-@pytest.fixture
-async def server(probe: Probe) -> AsyncIterator[RunningServer]:
-    running = await start_server(
-        make_functions(probe), port=0, max_body_bytes=MAX_BODY, shutdown_timeout=5
-    )
+class AppServer:
+    """``make_app`` run by aiohttp on 127.0.0.1, looking like a ``RunningServer``."""
+
+    def __init__(self, runner: web.AppRunner, path: str) -> None:
+        self.runner = runner
+        self.path = path
+        self.port: int = runner.addresses[0][1]
+
+    @classmethod
+    async def start(cls, functions: StatefulFunctions, path: str = "/statefun") -> AppServer:
+        app = make_app(functions, path=path, max_body_bytes=MAX_BODY)
+        runner = web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return cls(runner, path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+    async def __aenter__(self) -> AppServer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+Server: TypeAlias = RunningServer | AppServer
+
+
+@pytest.fixture(params=["builtin", "aiohttp"])
+async def server(request: pytest.FixtureRequest, probe: Probe) -> AsyncIterator[Server]:
+    running: Server
+    if request.param == "builtin":
+        running = await start_server(
+            make_functions(probe), port=0, max_body_bytes=MAX_BODY, shutdown_timeout=5
+        )
+    else:
+        running = await AppServer.start(make_functions(probe))
     async with running:
         yield running
 
@@ -215,7 +262,7 @@ def check_counter_reply(body: bytes) -> None:
 # -- the endpoint --------------------------------------------------------------------------
 
 
-async def test_invocation(server: RunningServer, client: aiohttp.ClientSession) -> None:
+async def test_invocation(server: Server, client: aiohttp.ClientSession) -> None:
     status, body, response = await post(client, server.url, COUNTER_CALL, OCTETS)
     assert status == 200
     assert response.content_type == "application/octet-stream"
@@ -223,7 +270,7 @@ async def test_invocation(server: RunningServer, client: aiohttp.ClientSession) 
 
 
 async def test_content_type_may_be_missing_or_carry_parameters(
-    server: RunningServer, client: aiohttp.ClientSession
+    server: Server, client: aiohttp.ClientSession
 ) -> None:
     for headers in ({}, {"Content-Type": "Application/Octet-Stream; charset=binary"}):
         status, body, _ = await post(client, server.url, COUNTER_CALL, headers or None)
@@ -231,7 +278,7 @@ async def test_content_type_may_be_missing_or_carry_parameters(
         check_counter_reply(body)
 
 
-async def test_sync_function(server: RunningServer, client: aiohttp.ClientSession) -> None:
+async def test_sync_function(server: Server, client: aiohttp.ClientSession) -> None:
     call = request(
         "test/sync",
         "s",
@@ -244,9 +291,7 @@ async def test_sync_function(server: RunningServer, client: aiohttp.ClientSessio
     assert decode(StringType, mutation.state_value) == "b"
 
 
-async def test_incomplete_invocation_context(
-    server: RunningServer, client: aiohttp.ClientSession
-) -> None:
+async def test_incomplete_invocation_context(server: Server, client: aiohttp.ClientSession) -> None:
     status, body, _ = await post(
         client, server.url, request("test/counter", "c1", [typed(IntType, 1)]), OCTETS
     )
@@ -257,7 +302,7 @@ async def test_incomplete_invocation_context(
     assert (missing.state_name, missing.type_typename) == ("count", "io.statefun.types/int")
 
 
-async def test_health(server: RunningServer, client: aiohttp.ClientSession) -> None:
+async def test_health(server: Server, client: aiohttp.ClientSession) -> None:
     base = server.url.removesuffix(server.path)
     async with client.get(f"{base}/health") as response:
         assert response.status == 200
@@ -318,7 +363,7 @@ async def send_bad(
     ids=[case[0] for case in BAD_REQUESTS],
 )
 async def test_error_replies(
-    server: RunningServer,
+    server: Server,
     client: aiohttp.ClientSession,
     method: str,
     body: Any,
@@ -334,7 +379,7 @@ async def test_error_replies(
         assert response.headers["Allow"] == "POST"
 
 
-async def test_too_large_chunked_body(server: RunningServer, client: aiohttp.ClientSession) -> None:
+async def test_too_large_chunked_body(server: Server, client: aiohttp.ClientSession) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(4):
             yield b"\x00" * (MAX_BODY // 2)
@@ -345,7 +390,7 @@ async def test_too_large_chunked_body(server: RunningServer, client: aiohttp.Cli
 
 
 async def test_failure_is_logged_with_traceback(
-    server: RunningServer, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+    server: Server, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="statefun.sdk._serve"):
         status, text, _ = await send_bad(
@@ -359,7 +404,7 @@ async def test_failure_is_logged_with_traceback(
 
 
 async def test_keeps_serving_after_every_error(
-    server: RunningServer, client: aiohttp.ClientSession
+    server: Server, client: aiohttp.ClientSession
 ) -> None:
     for what, method, body, headers, status, _ in BAD_REQUESTS:
         got, _text, _ = await send_bad(client, server.url, method, body, headers)

@@ -1,0 +1,440 @@
+"""The built-in HTTP/1.1 server of ``statefun serve``: one asyncio protocol per connection.
+
+A function server answers one kind of request many thousands of times per second, so
+``start_server`` and ``serve`` use this small server rather than a general framework (aiohttp's
+server costs about half of the function server's CPU on the benchmark machine; see
+BENCHMARKS.md). ``make_app`` still gives an aiohttp application for those who mount the
+functions in their own app; both answer through the same ``Endpoint``.
+
+What it speaks: HTTP/1.1 and 1.0, keep-alive, request bodies framed by ``Content-Length`` or
+``Transfer-Encoding: chunked``, ``Expect: 100-continue``, pipelined requests (answered in
+order). Bounds: the request head (64 KiB), the body (``max_body_bytes``: 413), idle
+connections (closed after ``keepalive_timeout``) and requests that stall half-sent (closed
+after the same time). A request it cannot parse gets a 400 and the connection is closed.
+
+Requests to ``def`` functions run inline, in the protocol's callback; ``async def`` functions
+run in a task each, and the connection reads no further request meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from email.utils import formatdate
+from typing import Any
+
+from statefun.sdk._endpoint import Endpoint, Reply, plain
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger(__name__)
+
+_MAX_HEAD_BYTES = 64 << 10
+_MAX_DISCARD = 1 << 20  # a refused body up to this size is read and dropped
+_LINGER_SECONDS = 2.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class _Date:
+    """The Date header, formatted once per second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second = second
+            cls.value = formatdate(second, usegmt=True).encode("ascii")
+        return cls.value
+
+
+def _encode(reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
+    status, content_type, body, headers = reply
+    lines = [
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
+        % (
+            status,
+            _REASONS.get(status, "Unknown").encode(),
+            content_type.encode(),
+            len(body),
+            _Date.now(),
+        )
+    ]
+    for name, value in headers:
+        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+    if not keep_alive:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    if not head_only:
+        lines.append(body)
+    return b"".join(lines)
+
+
+class _Request:
+    __slots__ = ("chunked", "content_type", "expect", "keep_alive", "length", "method", "path")
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.path = ""
+        self.content_type: str | None = None
+        self.length: int | None = None
+        self.chunked = False
+        self.keep_alive = True
+        self.expect = False
+
+
+def _parse_head(head: bytes) -> _Request:
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise _BadRequest(400, f"not an HTTP/1.x request line: {lines[0][:80]!r}")
+    request = _Request()
+    request.method = parts[0].decode("latin-1")
+    target = parts[1].decode("latin-1")
+    request.path = target.split("?", 1)[0]
+    request.keep_alive = parts[2] == b"HTTP/1.1"
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise _BadRequest(400, f"not a header line: {line[:80]!r}")
+        name = name.lower()
+        value = value.strip()
+        if name == b"content-length":
+            if not value.isdigit() or (request.length is not None and int(value) != request.length):
+                raise _BadRequest(400, f"bad Content-Length {value[:40]!r}")
+            request.length = int(value)
+        elif name == b"transfer-encoding":
+            if value.lower() != b"chunked":
+                raise _BadRequest(400, f"unsupported Transfer-Encoding {value[:40]!r}")
+            request.chunked = True
+        elif name == b"content-type":
+            request.content_type = value.decode("latin-1")
+        elif name == b"connection":
+            token = value.lower()
+            if token == b"close":
+                request.keep_alive = False
+            elif token == b"keep-alive":
+                request.keep_alive = True
+        elif name == b"expect" and value.lower() == b"100-continue":
+            request.expect = True
+    if request.chunked and request.length is not None:
+        raise _BadRequest(400, "both Content-Length and Transfer-Encoding")
+    return request
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.endpoint = server.endpoint
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.request: _Request | None = None  # head read, body pending
+        self.body_start = 0
+        self.chunks: list[bytes] = []
+        self.chunked_size = 0
+        self.busy: asyncio.Task[None] | None = None  # an async function running
+        self.last_active = time.monotonic()
+        self.closing = False
+        self.eof = False
+        self.discard = 0  # bytes of a rejected body still to drop
+        self.draining = 0  # > 0: closing after an error, dropping up to this many bytes
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.connections.discard(self)
+        # A running async function finishes; its reply has nowhere to go.
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        if self.draining:
+            self.draining -= len(data)
+            if self.draining <= 0:
+                self.abort()
+            return
+        if self.discard:
+            dropped = min(self.discard, len(data))
+            self.discard -= dropped
+            data = data[dropped:]
+        self.buffer += data
+        if self.busy is None:
+            self._process()
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        # keep the write side open for a reply in progress
+        return self.busy is not None and not self.draining
+
+    # -- requests -------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        return self.busy is None and self.request is None and not self.buffer
+
+    def _process(self) -> None:
+        try:
+            while not self.closing and self.busy is None:
+                body = self._next_body()
+                if body is None:
+                    return
+                request = self.request
+                assert request is not None
+                self.request = None
+                self._answer(request, body)
+        except _BadRequest as exc:
+            self._reject(exc.status, str(exc))
+
+    def _next_body(self) -> bytes | None:
+        """The body of the next complete request (its head in ``self.request``), or None."""
+        buffer = self.buffer
+        request = self.request
+        if request is None:
+            if not buffer:
+                return None
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _MAX_HEAD_BYTES:
+                    raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
+                return None
+            if end > _MAX_HEAD_BYTES:
+                raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
+            request = self.request = _parse_head(bytes(buffer[:end]))
+            del buffer[: end + 4]
+            self.chunks = []
+            self.chunked_size = 0
+            early = self.endpoint.check(
+                request.method, request.path, request.content_type, request.length
+            )
+            if early is not None:
+                if request.length is None and not request.chunked:
+                    request.length = 0
+                elif early.status != 200:
+                    self.request = None
+                    self._refuse_body(request, early)
+                    return None
+            if request.expect and (request.length or request.chunked) and early is None:
+                assert self.transport is not None
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if request.chunked:
+            return self._read_chunks()
+        length = request.length or 0
+        if len(buffer) < length:
+            return None
+        body = bytes(buffer[:length])
+        del buffer[:length]
+        return body
+
+    def _refuse_body(self, request: _Request, reply: Reply) -> None:
+        """Answer ``reply`` without reading the body: drop a body of known, modest length
+        and carry on; otherwise answer, then close once the client stops sending. A client
+        that expects 100-continue may or may not send the body now: close then too."""
+        length = request.length
+        if length is not None and length <= _MAX_DISCARD and not request.expect:
+            dropped = min(length, len(self.buffer))
+            del self.buffer[:dropped]
+            self.discard = length - dropped
+            self._write(reply, request.keep_alive)
+            if self.buffer and not self.closing:
+                asyncio.get_running_loop().call_soon(self._process)  # a pipelined request
+            return None
+        self._write(reply, keep_alive=False, linger=True)
+        return None
+
+    def _read_chunks(self) -> bytes | None:
+        buffer = self.buffer
+        limit = self.endpoint.max_body_bytes
+        while True:
+            line_end = buffer.find(b"\r\n")
+            if line_end < 0:
+                if len(buffer) > 1024:
+                    raise _BadRequest(400, "chunk size line too long")
+                return None
+            size_text = bytes(buffer[:line_end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _BadRequest(400, f"bad chunk size {size_text[:40]!r}") from None
+            if size == 0:
+                end = buffer.find(b"\r\n\r\n", line_end)
+                if buffer[line_end : line_end + 4] == b"\r\n\r\n":
+                    end = line_end
+                elif end < 0:
+                    return None
+                del buffer[: end + 4]
+                body = b"".join(self.chunks)
+                self.chunks = []
+                return body
+            if self.chunked_size + size > limit:
+                self.request = None
+                self._write(self.endpoint.too_large(None), keep_alive=False, linger=True)
+                return None
+            if len(buffer) < line_end + 2 + size + 2:
+                return None
+            data_end = line_end + 2 + size
+            if buffer[data_end : data_end + 2] != b"\r\n":
+                raise _BadRequest(400, "chunk not followed by CRLF")
+            self.chunks.append(bytes(buffer[line_end + 2 : data_end]))
+            self.chunked_size += size
+            del buffer[: data_end + 2]
+
+    def _answer(self, request: _Request, body: bytes) -> None:
+        endpoint = self.endpoint
+        if request.path != endpoint.path or request.method != "POST":
+            reply = endpoint.check(request.method, request.path, request.content_type, None)
+            assert reply is not None
+            self._write(reply, request.keep_alive, head_only=request.method == "HEAD")
+            return
+        outcome = endpoint.invoke(body)
+        if isinstance(outcome, Reply):
+            self._write(outcome, request.keep_alive)
+            return
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.busy = asyncio.get_running_loop().create_task(
+            self._answer_later(outcome, request.keep_alive)
+        )
+
+    async def _answer_later(self, outcome: Coroutine[Any, Any, Reply], keep_alive: bool) -> None:
+        try:
+            reply = await outcome
+        finally:
+            self.busy = None
+        if self.closing:
+            return
+        self._write(reply, keep_alive and not self.eof)
+        assert self.transport is not None
+        if not self.closing:
+            self.transport.resume_reading()
+            self._process()
+
+    def _write(
+        self, reply: Reply, keep_alive: bool, head_only: bool = False, linger: bool = False
+    ) -> None:
+        keep_alive = keep_alive and not self.server.shutting_down
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(_encode(reply, keep_alive, head_only))
+        self.last_active = time.monotonic()  # the keep-alive timeout counts from the reply
+        if keep_alive:
+            return
+        if not linger:
+            self._close()
+            return
+        # Closing with unread bytes would reset the connection and could lose the reply:
+        # send FIN, drop what still comes, close when the client does (or soon anyway).
+        self.closing = True
+        self.buffer.clear()
+        self.draining = _MAX_DISCARD
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
+
+    def _reject(self, status: int, reason: str) -> None:
+        log.warning("bad HTTP request from %s: %s", self._peer(), reason)
+        self.request = None
+        self._write(plain(status, reason), keep_alive=False, linger=True)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client"
+
+    def _close(self) -> None:
+        self.closing = True
+        self.buffer.clear()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HttpServer:
+    """Listens on one address; ``close`` stops it gracefully."""
+
+    def __init__(self, endpoint: Endpoint, keepalive_timeout: float = 75.0) -> None:
+        self.endpoint = endpoint
+        self.keepalive_timeout = keepalive_timeout
+        self.connections: set[_Connection] = set()
+        self.shutting_down = False
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on (host, port); the port bound (``port=0`` picks a free one)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
+        )
+        self._sweeper = loop.create_task(self._sweep())
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
+
+    async def _sweep(self) -> None:
+        """Close connections idle (or stalled half-way through a request) for too long."""
+        period = max(0.05, min(self.keepalive_timeout / 4, 15.0))
+        while True:
+            await asyncio.sleep(period)
+            stale = time.monotonic() - self.keepalive_timeout
+            for connection in list(self.connections):
+                if connection.busy is None and connection.last_active < stale:
+                    if not connection.idle():
+                        log.warning(
+                            "closing a connection from %s: request incomplete for %gs",
+                            connection._peer(),
+                            self.keepalive_timeout,
+                        )
+                    connection._close()
+
+    async def close(self, timeout: float) -> None:
+        """Stop listening, close idle connections, let requests in progress finish for at
+        most ``timeout`` seconds, then close everything."""
+        self.shutting_down = True
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                for connection in list(self.connections):
+                    if connection.idle():
+                        connection._close()
+                if not self.connections or loop.time() >= deadline:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            for connection in list(self.connections):
+                if connection.busy is not None:
+                    connection.busy.cancel()
+                connection.abort()
+            if self._server is not None:
+                await self._server.wait_closed()

@@ -1,0 +1,473 @@
+"""A small HTTP/1.1 client for remote function calls: keep-alive pools over asyncio protocols.
+
+Remote calls are all alike: ``POST`` one binary body to a few endpoints, many thousands of
+times per second, and read one binary body back. A general client spends most of the
+runtime's CPU on this path (aiohttp: about 130 us per call on the benchmark machine; see
+BENCHMARKS.md), so the runtime uses this one: the request head is built once per URL, a
+response that arrives in one read is parsed in one pass, and a call is one future.
+
+What it speaks: HTTP/1.1 with keep-alive; response bodies framed by ``Content-Length``, by
+``Transfer-Encoding: chunked``, or by closing the connection; ``http`` and ``https`` over TCP
+and ``http+unix`` / ``https+unix`` over a Unix domain socket (StateFun's form: the socket
+file's path ends with ``.sock``, the rest of the path is the request path:
+``http+unix:///run/functions.sock/statefun``).
+
+Failures are exceptions the caller sorts into retryable or not: ``OSError`` (connect and
+I/O errors, including a connection that closes before a full response), ``TimeoutError``,
+``ProtocolError`` (bytes that are not an HTTP response) and ``ResponseTooLarge``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import ssl
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = ["HttpPool", "ProtocolError", "Response", "ResponseTooLarge", "Target", "parse_target"]
+
+_MAX_HEAD_BYTES = 64 << 10
+_MAX_CHUNK_LINE = 1024
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that are not a valid HTTP/1.x response."""
+
+
+class ResponseTooLarge(Exception):
+    """The response body is larger than the pool's limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    reason: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where and how to send requests for one URL (parsed once, see ``parse_target``)."""
+
+    origin: tuple[str, str, int | str]  # (scheme, host, port) or (scheme, "", socket path)
+    tls: bool
+    head: bytes  # the request line and headers, up to "Content-Length: "
+
+
+def parse_target(url: str) -> Target:
+    """The ``Target`` of ``url``; ValueError naming the problem if it cannot be called."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ValueError(f"URL {url!r} has no host")
+        tls = scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        host_header = parts.netloc.rsplit("@", 1)[-1]
+        origin: tuple[str, str, int | str] = (scheme, parts.hostname, port)
+        path = parts.path or "/"
+    elif scheme in ("http+unix", "https+unix"):
+        tls = scheme == "https+unix"
+        # the first path segment that ends with .sock (not "/run/my.socks/f.sock")
+        found = re.search(r"\.sock(?=/|$)", parts.path)
+        if found is None:
+            raise ValueError(
+                f"URL {url!r}: a {scheme} URL names a socket file ending with .sock, "
+                "as in http+unix:///run/functions.sock/statefun"
+            )
+        socket_end = found.end()
+        origin = (scheme, "", parts.path[:socket_end])
+        path = parts.path[socket_end:] or "/"
+        host_header = "localhost"
+    else:
+        raise ValueError(f"URL {url!r}: scheme {parts.scheme!r} is not http(s) or http(s)+unix")
+    if parts.query:
+        path += "?" + parts.query
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n"
+        "Content-Type: application/octet-stream\r\nUser-Agent: pystatefun\r\n"
+        "Content-Length: "
+    ).encode("latin-1")
+    return Target(origin, tls, head)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: at most one request on it at a time."""
+
+    def __init__(self, pool: HttpPool, origin: tuple[str, str, int | str]) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.counted = True  # holds one of the pool's connection slots
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[Response] | None = None
+        self.buffer = bytearray()
+        self.closed = False
+        self.keep_alive = True
+        self.last_data = 0.0
+        # the response being read
+        self.status = 0
+        self.reason = ""
+        self.length = -1  # -1: not known yet; -2: chunked; -3: until the connection closes
+        self.body_start = 0
+        self.chunks: list[bytes] = []
+        self.chunked_size = 0
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():
+            self.abort()  # bytes nobody asked for: the connection is not usable any more
+            return
+        self.last_data = self.pool.loop.time()
+        self.buffer += data
+        try:
+            self._parse()
+        except (ProtocolError, ResponseTooLarge) as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool | None:
+        if self.waiter is not None and not self.waiter.done() and self.length == -3:
+            self._finish(bytes(self.buffer[self.body_start :]))
+        return None  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        if self.waiter is not None and not self.waiter.done():
+            if self.length == -3 and self.status:
+                self._finish(bytes(self.buffer[self.body_start :]))
+            else:
+                received = "after a partial response" if self.buffer else "before a response"
+                self.waiter.set_exception(
+                    exc or ConnectionResetError(f"the server closed the connection {received}")
+                )
+
+    # -- one request ----------------------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes, waiter: asyncio.Future[Response]) -> None:
+        assert self.transport is not None
+        self.waiter = waiter
+        self.buffer.clear()
+        self.status = 0
+        self.length = -1
+        self.chunks = []
+        self.chunked_size = 0
+        self.last_data = self.pool.loop.time()
+        prefix = head + str(len(body)).encode() + b"\r\n\r\n"
+        if len(body) < 65536:
+            self.transport.write(prefix + body)
+        else:
+            self.transport.write(prefix)
+            self.transport.write(body)
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        self.abort()
+
+    def _finish(self, body: bytes) -> None:
+        waiter = self.waiter
+        self.buffer.clear()
+        self.chunks = []
+        if waiter is not None and not waiter.done():
+            waiter.set_result(Response(self.status, self.reason, body))
+
+    def _parse(self) -> None:
+        buffer = self.buffer
+        while not self.status:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _MAX_HEAD_BYTES:
+                    raise ProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
+                return
+            self._parse_head(bytes(buffer[:end]))
+            self.body_start = end + 4
+            if 100 <= self.status < 200:  # an interim response: the real one follows
+                del buffer[: end + 4]
+                self.status = 0
+        length = self.length
+        if length >= 0:
+            have = len(buffer) - self.body_start
+            if have >= length:
+                if have > length:
+                    raise ProtocolError(f"{have - length} bytes after the response body")
+                start = self.body_start
+                self._finish(bytes(buffer[start:]) if start else bytes(buffer))
+        elif length == -2:
+            self._parse_chunks()
+        elif len(buffer) - self.body_start > self.pool.max_response_bytes:
+            raise ResponseTooLarge(f"more than {self.pool.max_response_bytes} bytes")
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        status_line = lines[0]
+        parts = status_line.split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+        self.status = int(parts[1])
+        self.reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
+        keep_alive = parts[0] == b"HTTP/1.1"
+        length = -3
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise ProtocolError(f"not a header line: {line[:80]!r}")
+            name = name.strip().lower()
+            if name == b"content-length":
+                value = value.strip()
+                if not value.isdigit():
+                    raise ProtocolError(f"bad Content-Length {value[:40]!r}")
+                if length == -2:
+                    continue  # chunked wins (RFC 9112 6.3)
+                length = int(value)
+                if length > self.pool.max_response_bytes:
+                    raise ResponseTooLarge(
+                        f"{length} bytes, more than the limit of {self.pool.max_response_bytes}"
+                    )
+            elif name == b"transfer-encoding":
+                if value.strip().lower().endswith(b"chunked"):
+                    length = -2
+            elif name == b"connection":
+                token = value.strip().lower()
+                if token == b"close":
+                    keep_alive = False
+                elif token == b"keep-alive":
+                    keep_alive = True
+        if self.status in (204, 304):
+            length = 0
+        if length == -3:
+            keep_alive = False
+        self.length = length
+        self.keep_alive = keep_alive
+
+    def _parse_chunks(self) -> None:
+        buffer = self.buffer
+        pos = self.body_start
+        limit = self.pool.max_response_bytes
+        while True:
+            line_end = buffer.find(b"\r\n", pos)
+            if line_end < 0:
+                if len(buffer) - pos > _MAX_CHUNK_LINE:
+                    raise ProtocolError("chunk size line too long")
+                break
+            size_text = bytes(buffer[pos:line_end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise ProtocolError(f"bad chunk size {size_text[:40]!r}") from None
+            if size == 0:
+                trailer_end = buffer.find(b"\r\n\r\n", line_end)
+                if buffer[line_end : line_end + 4] == b"\r\n\r\n":
+                    trailer_end = line_end
+                elif trailer_end < 0:
+                    break  # wait for the trailers' end
+                if len(buffer) > trailer_end + 4:
+                    raise ProtocolError("bytes after the last chunk")
+                self.buffer = buffer = bytearray()
+                self._finish(b"".join(self.chunks))
+                return
+            if self.chunked_size + size > limit:  # before buffering the chunk
+                raise ResponseTooLarge(f"more than {limit} bytes")
+            data_end = line_end + 2 + size
+            if len(buffer) < data_end + 2:
+                break
+            if buffer[data_end : data_end + 2] != b"\r\n":
+                raise ProtocolError("chunk not followed by CRLF")
+            self.chunked_size += size
+            self.chunks.append(bytes(buffer[line_end + 2 : data_end]))
+            pos = data_end + 2
+        del buffer[:pos]
+        self.body_start = 0
+
+
+class HttpPool:
+    """Keep-alive connections per origin, at most ``max_connections`` open in all."""
+
+    def __init__(self, max_connections: int = 256, max_response_bytes: int = 64 << 20) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.max_connections = max_connections
+        self.max_response_bytes = max_response_bytes
+        self._idle: dict[tuple[str, str, int | str], list[_Connection]] = {}
+        self._open = 0
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._ssl: ssl.SSLContext | None = None
+        self._closing = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    async def post(
+        self,
+        target: Target,
+        body: bytes,
+        connect_timeout: float,
+        read_timeout: float,
+        total_timeout: float,
+    ) -> Response:
+        """POST ``body``; the response.
+
+        ``read_timeout`` bounds each wait for response bytes, ``total_timeout`` the whole call
+        (connecting included); either raises TimeoutError.
+        """
+        loop = self.loop
+        deadline = loop.time() + total_timeout
+        connection = await self._acquire(target, connect_timeout, deadline)
+        waiter: asyncio.Future[Response] = loop.create_future()
+        connection.send(target.head, body, waiter)
+        timer = loop.call_at(
+            min(loop.time() + read_timeout, deadline),
+            self._check_time,
+            connection,
+            waiter,
+            read_timeout,
+            deadline,
+        )
+        try:
+            response = await waiter
+        except BaseException:
+            connection.abort()  # a half-read response makes the connection useless
+            raise
+        finally:
+            timer.cancel()
+            connection.waiter = None
+        self._release(connection)
+        return response
+
+    def _check_time(
+        self,
+        connection: _Connection,
+        waiter: asyncio.Future[Response],
+        read_timeout: float,
+        deadline: float,
+    ) -> None:
+        if waiter.done():
+            return
+        now = self.loop.time()
+        if now >= deadline:
+            waiter.set_exception(TimeoutError("no full response within the call timeout"))
+            return
+        due = min(connection.last_data + read_timeout, deadline)
+        if due > now:
+            self.loop.call_at(due, self._check_time, connection, waiter, read_timeout, deadline)
+            return
+        waiter.set_exception(TimeoutError(f"no response bytes for {read_timeout:g} s"))
+
+    async def _acquire(
+        self, target: Target, connect_timeout: float, deadline: float
+    ) -> _Connection:
+        idle = self._idle.get(target.origin)
+        while idle:
+            connection = idle.pop()
+            if not connection.closed:
+                return connection
+        while self._open >= self.max_connections:
+            self._close_one_idle()
+            waiter: asyncio.Future[None] = self.loop.create_future()
+            self._waiting.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):  # waiting counts against the call
+                    await waiter
+            except BaseException as exc:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # pass the turn on
+                if isinstance(exc, TimeoutError):
+                    raise TimeoutError(
+                        f"all {self.max_connections} connections busy until the call timeout"
+                    ) from None
+                raise
+            idle = self._idle.get(target.origin)
+            while idle:
+                connection = idle.pop()
+                if not connection.closed:
+                    return connection
+        self._open += 1
+        connection = _Connection(self, target.origin)
+        connect_timeout = min(connect_timeout, max(0.0, deadline - self.loop.time()))
+        try:
+            await asyncio.wait_for(self._connect(target, connection), connect_timeout)
+        except BaseException as exc:
+            connection.abort()
+            self._forget(connection)
+            if isinstance(exc, TimeoutError) and not str(exc):
+                raise TimeoutError(f"not connected within {connect_timeout:g} s") from None
+            raise
+        return connection
+
+    async def _connect(self, target: Target, connection: _Connection) -> None:
+        _, host, where = target.origin
+        context = self._ssl_context() if target.tls else None
+        if isinstance(where, str):
+            hostname = "localhost" if context is not None else None
+            await self.loop.create_unix_connection(
+                lambda: connection, where, ssl=context, server_hostname=hostname
+            )
+        else:
+            await self.loop.create_connection(lambda: connection, host, where, ssl=context)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    def use_ssl_context(self, context: ssl.SSLContext) -> None:
+        """Verify servers with ``context`` (for example one trusting a private CA)."""
+        self._ssl = context
+
+    def _release(self, connection: _Connection) -> None:
+        if connection.closed or not connection.keep_alive or self._closing:
+            connection.abort()
+            return
+        self._idle.setdefault(connection.origin, []).append(connection)
+        if self._waiting:
+            self._wake_one()
+
+    def _forget(self, connection: _Connection) -> None:
+        """Give back the connection's slot (once, however it ended)."""
+        if not connection.counted:
+            return
+        connection.counted = False
+        self._open -= 1
+        idle = self._idle.get(connection.origin)
+        if idle and connection in idle:
+            idle.remove(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _close_one_idle(self) -> None:
+        """Close an idle connection to another origin, to make room for a new one."""
+        for connections in self._idle.values():
+            while connections:
+                connection = connections.pop()
+                if not connection.closed:
+                    connection.abort()  # its connection_lost frees the slot, wakes a waiter
+                    return
+
+    async def close(self) -> None:
+        self._closing = True
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.abort()
+        self._idle.clear()
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.cancel()
+        self._waiting.clear()
+        await asyncio.sleep(0)  # let the transports run connection_lost
