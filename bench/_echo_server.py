@@ -6,7 +6,7 @@ body. ``GET /health`` answers. Two servers:
 
   aiohttp   (default) ``web.AppRunner`` and ``web.TCPSite``: the issue's "trivial aiohttp
             echo server", and how ``make_app`` serves functions
-  builtin   the built-in server of ``statefun serve`` (statefun.sdk._http_server), with an
+  builtin   the built-in server of ``statefun serve`` (statefun._http.server), with an
             endpoint whose "function" is the fixed reply: the same server as the function
             server, minus the SDK handler's work
 
@@ -39,8 +39,8 @@ def make_app(reply: bytes) -> web.Application:
 
 async def main_builtin(host: str, port: int, reply: bytes) -> None:
     from statefun import StatefulFunctions
-    from statefun.sdk._endpoint import CONTENT_TYPE, Endpoint, Reply
-    from statefun.sdk._http_server import HttpServer
+    from statefun._http.server import HttpServer, Reply
+    from statefun.sdk._endpoint import CONTENT_TYPE, Endpoint
 
     fixed = Reply(200, CONTENT_TYPE, reply)
 

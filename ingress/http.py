@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
-from aiohttp import web
-
+from statefun._http.server import HttpServer, Reply, Request, plain
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source
@@ -39,8 +41,15 @@ REPLY_NAMESPACE, REPLY_NAME = "pystatefun.http", "reply"
 TYPENAME_HEADER = "X-Statefun-Typename"
 
 
-def _plain(status: int, text: str) -> web.Response:
-    return web.Response(status=status, text=text + "\n", content_type="text/plain")
+class _Refused(Exception):
+    """A request answered with an error reply instead of a message."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.body.decode("utf-8", "replace").strip())
+        self.reply = reply
+
+
+_ROUTES = ("messages", "call")
 
 
 class HttpSource(Source):
@@ -75,7 +84,7 @@ class HttpSource(Source):
         self.max_pending = max_pending
         self.replies: dict[str, asyncio.Future[Any]] = {} if replies is None else replies
         self._context: IngressContext | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self._ids = itertools.count()
         self._prefix = os.urandom(4).hex()
         self._waiting = 0
@@ -84,18 +93,8 @@ class HttpSource(Source):
     async def start(self) -> None:
         if self.wal is not None:
             await asyncio.to_thread(self.wal.open)
-        app = web.Application(client_max_size=self.max_body_bytes)
-        app.router.add_post("/messages/{namespace}/{type}/{id}", self._send)
-        app.router.add_post("/call/{namespace}/{type}/{id}", self._call)
-        app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=2.0
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        if self.port == 0 and self._runner.addresses:
-            self.port = int(self._runner.addresses[0][1])
+        self._server = HttpServer(self)
+        self.port = await self._server.start(self.host, self.port)
         log.info("ingress %s listening on http://%s:%d", self.ingress_id, self.host, self.port)
 
     async def run(self, context: IngressContext) -> None:
@@ -111,11 +110,11 @@ class HttpSource(Source):
         # does not wait for them.
         for _, future in self._group:
             if not future.done():
-                future.set_exception(web.HTTPServiceUnavailable(text="the job is stopping"))
+                future.set_exception(_Refused(plain(503, "the job is stopping")))
         self._group.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close(2.0)
+            self._server = None
         if self.wal is not None:
             self.wal.close()
 
@@ -180,7 +179,7 @@ class HttpSource(Source):
         durable: bool = True,
     ) -> None:
         """Hand a message to the runtime: durably first when there is a WAL."""
-        context = await self._admit()
+        context = self._admit()
         self._waiting += 1
         try:
             if self.wal is None or not durable:
@@ -205,63 +204,111 @@ class HttpSource(Source):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # -- handlers -------------------------------------------------------------------------
+    # -- requests (the built-in HTTP server's Application) ---------------------------------
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "ingress": self.ingress_id})
+    def too_large(self, length: int | None) -> Reply:
+        size = f"{length} bytes" if length is not None else "the body"
+        return plain(413, f"{size} is more than the limit of {self.max_body_bytes} bytes")
 
-    async def _parse(self, request: web.Request) -> tuple[str, str, TypedValue]:
-        namespace, name, id_ = (request.match_info[k] for k in ("namespace", "type", "id"))
+    def check(self, request: Request) -> Reply | None:
+        """Refuse before the body: unknown paths and types, wrong methods, too large."""
+        try:
+            self._route(request)
+        except _Refused as exc:
+            return exc.reply
+        if request.length is not None and request.length > self.max_body_bytes:
+            return self.too_large(request.length)
+        return None
+
+    def _route(self, request: Request) -> tuple[str, str, str] | None:
+        """(route, typename, id) of a message request; None for the health check."""
+        path = request.path
+        if path == "/health":
+            if request.method not in ("GET", "HEAD"):
+                raise _Refused(plain(405, "use GET on /health", (("Allow", "GET"),)))
+            return None
+        parts = path.split("/")
+        if len(parts) != 5 or parts[0] or parts[1] not in _ROUTES or not all(parts[2:]):
+            raise _Refused(
+                plain(
+                    404,
+                    f"no such path {path!r}; POST to /messages/<namespace>/<type>/<id> "
+                    "or /call/<namespace>/<type>/<id>",
+                )
+            )
+        if request.method != "POST":
+            raise _Refused(plain(405, f"use POST on {path}", (("Allow", "POST"),)))
+        namespace, name, id_ = (unquote(part) for part in parts[2:])
         typename = f"{namespace}/{name}"
         try:
             validate_typename(typename, "function type")
         except ValueError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _Refused(plain(400, str(exc))) from None
         context = self._context
         if context is None:
-            raise web.HTTPServiceUnavailable(text="the job is not running yet")
+            raise _Refused(plain(503, "the job is not running yet"))
         if not context.is_function_type(typename):
-            raise web.HTTPNotFound(text=f"no function type {typename!r} in the module")
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise web.HTTPRequestEntityTooLarge(
-                max_size=self.max_body_bytes, actual_size=request.content_length
-            )
-        body = await request.read()
-        value_typename = request.query.get("typename") or request.headers.get(TYPENAME_HEADER)
-        plain = request.content_type == "text/plain"
+            raise _Refused(plain(404, f"no function type {typename!r} in the module"))
+        return parts[1], typename, id_
+
+    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
+        try:
+            route = self._route(request)
+        except _Refused as exc:
+            return exc.reply
+        if route is None:
+            health = json.dumps({"status": "ok", "ingress": self.ingress_id}).encode()
+            return Reply(200, "application/json", health)
+        kind, typename, id_ = route
+        try:
+            value = self._value(request, body)
+        except _Refused as exc:
+            return exc.reply
+        if kind == "messages":
+            return self._send(typename, id_, value)
+        return self._call(typename, id_, value)
+
+    def _value(self, request: Request, body: bytes) -> TypedValue:
+        query = parse_qs(request.query) if request.query else {}
+        value_typename = (query.get("typename") or [None])[0] or request.headers.get(
+            TYPENAME_HEADER.lower()
+        )
+        media = (request.content_type or "").split(";", 1)[0].strip().lower()
+        plain_text = media == "text/plain"
         try:
             if value_typename:
                 validate_typename(value_typename, "typename")
-                if plain and value_typename in BUILTIN_TYPES:
-                    value = typed_value_from_text(body.decode("utf-8"), value_typename)
-                else:
-                    value = TypedValue(value_typename, body)
-            elif plain:
+                if plain_text and value_typename in BUILTIN_TYPES:
+                    return typed_value_from_text(body.decode("utf-8"), value_typename)
+                return TypedValue(value_typename, body)
+            if plain_text:
                 text = body.decode("utf-8")
-                value = TypedValue(StringType.typename, StringType.serializer().serialize(text))
-            else:
-                raise web.HTTPUnsupportedMediaType(
-                    text="say the value's type: a 'typename' query parameter or an "
-                    f"{TYPENAME_HEADER} header (or send text/plain for a string)"
-                )
+                return TypedValue(StringType.typename, StringType.serializer().serialize(text))
         except (RecordError, ValueError) as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
-        return typename, id_, value
+            raise _Refused(plain(400, str(exc))) from None
+        raise _Refused(
+            plain(
+                415,
+                "say the value's type: a 'typename' query parameter or an "
+                f"{TYPENAME_HEADER} header (or send text/plain for a string)",
+            )
+        )
 
-    async def _admit(self) -> IngressContext:
+    def _admit(self) -> IngressContext:
         if self._waiting >= self.max_pending:
-            raise web.HTTPServiceUnavailable(text="too many requests waiting; try again later")
+            raise _Refused(plain(503, "too many requests waiting; try again later"))
         assert self._context is not None
         return self._context
 
-    async def _send(self, request: web.Request) -> web.Response:
-        typename, id_, value = await self._parse(request)
-        await self._deliver(typename, id_, value, None)
+    async def _send(self, typename: str, id_: str, value: TypedValue) -> Reply:
+        try:
+            await self._deliver(typename, id_, value, None)
+        except _Refused as exc:
+            return exc.reply
         self.accepted += 1
-        return _plain(202, "accepted")
+        return plain(202, "accepted")
 
-    async def _call(self, request: web.Request) -> web.Response:
-        typename, id_, value = await self._parse(request)
+    async def _call(self, typename: str, id_: str, value: TypedValue) -> Reply:
         request_id = f"{self._prefix}-{next(self._ids)}"
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.replies[request_id] = future
@@ -274,10 +321,12 @@ class HttpSource(Source):
             try:
                 reply = await asyncio.wait_for(future, self.reply_timeout_s)
             except TimeoutError:
-                return _plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+                return plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+        except _Refused as exc:
+            return exc.reply
         finally:
             self.replies.pop(request_id, None)
-        return _reply_response(reply)
+        return _reply(reply)
 
 
 def _caller(fields: list[str] | None) -> SdkAddress | None:
@@ -287,15 +336,13 @@ def _caller(fields: list[str] | None) -> SdkAddress | None:
     return SdkAddress(namespace, name, id_, f"{namespace}/{name}")
 
 
-def _reply_response(reply: Any) -> web.Response:
+def _reply(reply: Any) -> Reply:
     typename = str(reply.typename)
     body = bytes(reply.value) if reply.has_value else b""
-    headers = {TYPENAME_HEADER: typename}
+    headers = ((TYPENAME_HEADER, typename),)
     builtin = BUILTIN_TYPES.get(typename)
     if builtin is not None and reply.has_value:
         value = builtin.serializer().deserialize(body)
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        return web.Response(status=200, text=text, content_type="text/plain", headers=headers)
-    return web.Response(
-        status=200, body=body, content_type="application/octet-stream", headers=headers
-    )
+        return Reply(200, "text/plain; charset=utf-8", text.encode("utf-8"), headers)
+    return Reply(200, "application/octet-stream", body, headers)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Coroutine
-from typing import Any, NamedTuple
+from typing import Any
 
 from statefun._exceptions import MalformedRequestError, UnknownFunctionError
+from statefun._http.server import Reply, Request, plain
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
 from statefun.sdk._proto import request_reply_pb2 as pb
@@ -35,27 +36,6 @@ log = logging.getLogger("statefun.sdk._serve")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 HEALTH_PATH = "/health"
 CONTENT_TYPE = "application/octet-stream"
-
-_MAX_REASON = 500  # characters of an exception message kept in a reply
-
-
-class Reply(NamedTuple):
-    status: int
-    content_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-def _one_line(text: str) -> str:
-    """``text`` on one line, shortened to a reasonable length."""
-    line = " ".join(text.split())
-    if len(line) > _MAX_REASON:
-        line = line[: _MAX_REASON - 3] + "..."
-    return line
-
-
-def plain(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
-    return Reply(status, "text/plain", (_one_line(reason) + "\n").encode("utf-8"), headers)
 
 
 def _describe(exc: BaseException) -> str:
@@ -112,10 +92,29 @@ class Endpoint:
     def typenames(self) -> list[str]:
         return sorted(self.handler.functions.typenames())
 
-    def check(
+    # -- the built-in server's Application ------------------------------------------------
+
+    def check(self, request: Request) -> Reply | None:
+        """Refuse before the body is read: 404, 405, 413, 415 (see ``answer_early``)."""
+        early = self.answer_early(
+            request.method, request.path, request.content_type, request.length
+        )
+        return None if early is None or early.status == 200 else early
+
+    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
+        if request.path == self.path:
+            return self.invoke(body)
+        health = self.answer_early(request.method, request.path, None, None)
+        assert health is not None
+        return health
+
+    # -- both servers ---------------------------------------------------------------------
+
+    def answer_early(
         self, method: str, path: str, content_type: str | None, length: int | None
     ) -> Reply | None:
-        """A reply that answers the request before its body is read, or None to read it."""
+        """A reply that answers the request before its body is read (an error, or the
+        health check), or None to read the body and ``invoke``."""
         if path == self.path:
             if method != "POST":
                 return plain(

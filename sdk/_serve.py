@@ -17,16 +17,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from statefun.sdk._endpoint import (
-    DEFAULT_MAX_BODY_BYTES,
-    HEALTH_PATH,
-    Endpoint,
-    Reply,
-    as_handler,
-)
+from statefun._http.server import HttpServer, Reply
+from statefun.sdk._endpoint import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, Endpoint, as_handler
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
-from statefun.sdk._http_server import HttpServer
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -69,7 +63,7 @@ def make_app(
         )
 
     async def invoke(request: web.Request) -> web.StreamResponse:
-        early = endpoint.check(
+        early = endpoint.answer_early(
             request.method, path, request.headers.get("Content-Type"), request.content_length
         )
         if early is not None:
@@ -81,7 +75,7 @@ def make_app(
         return response(await endpoint.invoke_async(body))
 
     async def health(request: web.Request) -> web.StreamResponse:
-        reply = endpoint.check("GET", HEALTH_PATH, None, None)
+        reply = endpoint.answer_early("GET", HEALTH_PATH, None, None)
         assert reply is not None
         return response(reply)
 

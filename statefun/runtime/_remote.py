@@ -23,9 +23,9 @@ from statefun._exceptions import (
     RetryableFunctionError,
     TerminalFunctionError,
 )
+from statefun._http.client import HttpPool, ProtocolError, ResponseTooLarge, Target, parse_target
 from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._http import HttpPool, ProtocolError, ResponseTooLarge, Target, parse_target
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import encode_address, encode_typed_value, varint
 

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from statefun._exceptions import RetryableFunctionError, TerminalFunctionError
+from statefun._http.client import HttpPool, ProtocolError, Response, parse_target
 from statefun.module._specs import TransportSpec
-from statefun.runtime._http import HttpPool, ProtocolError, Response, parse_target
 from statefun.runtime._remote import RemoteClient
 
 pytestmark = pytest.mark.timeout(60)

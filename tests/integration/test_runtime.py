@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 from collections.abc import AsyncIterator, Iterable
@@ -209,12 +210,12 @@ async def test_remote_garbage_answer_is_a_terminal_error(tmp_path: Path) -> None
     assert "not a FromFunction" in json.loads(dead.read_text())["reason"]
 
 
-async def test_http_ingress_send_and_call(remote_url: str) -> None:
+@contextlib.asynccontextmanager
+async def http_ingress_job(sink: ListSink) -> AsyncIterator[str]:
+    """A job with an embedded counter and an HTTP ingress; yields the ingress's URL."""
     from statefun.ingress.http import HttpSource
 
-    module = ModuleSpec(endpoints=(embedded(),))
-    sink = ListSink()
-    job = Job(module, Settings(), sinks=[sink])
+    job = Job(ModuleSpec(endpoints=(embedded(),)), Settings(), sinks=[sink])
     source = HttpSource("test/http", port=0, replies=job.replies, reply_timeout_s=5)
     job.sources = [source]
     running = asyncio.create_task(job.run())
@@ -223,27 +224,93 @@ async def test_http_ingress_send_and_call(remote_url: str) -> None:
             if source.port:
                 break
             await asyncio.sleep(0.02)
-        async with aiohttp.ClientSession() as http:
-            url = source.url
-            raw = {"Content-Type": "application/octet-stream"}
-            async with http.post(f"{url}/messages/test/counter/a", data=b"hi", headers=raw) as r:
-                assert r.status == 415  # no type, not text/plain
-            headers = {"Content-Type": "text/plain"}
-            async with http.post(f"{url}/messages/test/counter/a", data="hi", headers=headers) as r:
-                assert r.status == 202
-            async with http.post(f"{url}/call/test/counter/a", data="hi", headers=headers) as r:
-                assert r.status == 200
-                assert await r.text() == "2"
-                assert r.headers["X-Statefun-Typename"] == "io.statefun.types/int"
-            async with http.post(f"{url}/messages/nope/x/a", data="hi", headers=headers) as r:
-                assert r.status == 404
-            big = io.BytesIO(b"x" * (2 << 20))
-            async with http.post(f"{url}/messages/test/counter/a", data=big, headers=headers) as r:
-                assert r.status == 413
+        yield source.url
     finally:
         job.stop()
         await running
+
+
+async def test_http_ingress_send_and_call(remote_url: str) -> None:
+    sink = ListSink()
+    async with http_ingress_job(sink) as url, aiohttp.ClientSession() as http:
+        raw = {"Content-Type": "application/octet-stream"}
+        async with http.post(f"{url}/messages/test/counter/a", data=b"hi", headers=raw) as r:
+            assert r.status == 415  # no type, not text/plain
+        headers = {"Content-Type": "text/plain"}
+        async with http.post(f"{url}/messages/test/counter/a", data="hi", headers=headers) as r:
+            assert r.status == 202
+        async with http.post(f"{url}/call/test/counter/a", data="hi", headers=headers) as r:
+            assert r.status == 200
+            assert await r.text() == "2"
+            assert r.headers["X-Statefun-Typename"] == "io.statefun.types/int"
+        async with http.post(f"{url}/messages/nope/x/a", data="hi", headers=headers) as r:
+            assert r.status == 404
+        big = io.BytesIO(b"x" * (2 << 20))
+        async with http.post(f"{url}/messages/test/counter/a", data=big, headers=headers) as r:
+            assert r.status == 413
     assert sorted(sink.values) == ["a=1", "a=2"]
+
+
+INGRESS_REQUESTS: list[tuple[str, str, str, bytes, dict[str, str], int, str]] = [
+    # (what, method, path, body, headers, status, text in the reply)
+    (
+        "int as text",
+        "POST",
+        "/call/test/counter/b?typename=io.statefun.types/int",
+        b"41",
+        {"Content-Type": "text/plain"},
+        200,
+        "1",
+    ),
+    (
+        "bad int text",
+        "POST",
+        "/messages/test/counter/b?typename=io.statefun.types/int",
+        b"x1",
+        {"Content-Type": "text/plain"},
+        400,
+        "int",
+    ),
+    (
+        "bad typename",
+        "POST",
+        "/messages/test/counter/b",
+        b"x",
+        {"X-Statefun-Typename": "no-slash"},
+        400,
+        "typename",
+    ),
+    (
+        "function type not in the module",
+        "POST",
+        "/messages/te st/counter/b",
+        b"x",
+        {"Content-Type": "text/plain"},
+        404,
+        "no function type 'te st/counter'",
+    ),
+    ("unknown path", "POST", "/elsewhere", b"x", {}, 404, "no such path"),
+    ("wrong method", "GET", "/messages/test/counter/b", b"", {}, 405, "use POST"),
+    ("health", "GET", "/health", b"", {}, 200, '"ingress": "test/http"'),
+    ("health by POST", "POST", "/health", b"", {}, 405, "use GET"),
+    (
+        "percent-encoded id",
+        "POST",
+        "/call/test/counter/a%2Fb",
+        b"x",
+        {"Content-Type": "text/plain"},
+        200,
+        "1",
+    ),
+]
+
+
+async def test_http_ingress_answers_every_request_with_a_reason() -> None:
+    async with http_ingress_job(ListSink()) as url, aiohttp.ClientSession() as http:
+        for what, method, path, body, headers, status, text in INGRESS_REQUESTS:
+            async with http.request(method, url + path, data=body, headers=headers) as response:
+                got = await response.text()
+                assert (response.status, text in got) == (status, True), (what, got)
 
 
 async def test_mailbox_past_max_batch_stops_the_sources() -> None:

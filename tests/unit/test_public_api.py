@@ -65,9 +65,9 @@ def test_serving_is_lazy() -> None:
     code = (
         "import sys, statefun, statefun.sdk\n"
         "assert 'aiohttp' not in sys.modules, 'import statefun imported aiohttp'\n"
-        "assert 'statefun.sdk._http_server' not in sys.modules\n"
+        "assert 'statefun._http.server' not in sys.modules\n"
         "statefun.sdk.serve\n"
-        "assert 'statefun.sdk._http_server' in sys.modules\n"
+        "assert 'statefun._http.server' in sys.modules\n"
         "assert 'aiohttp' not in sys.modules, 'the built-in server imported aiohttp'\n"
         "statefun.sdk.make_app(statefun.StatefulFunctions())\n"
         "assert 'aiohttp' in sys.modules\n"

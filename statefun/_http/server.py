@@ -23,11 +23,9 @@ import logging
 import time
 from collections.abc import Coroutine
 from email.utils import formatdate
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from statefun.sdk._endpoint import Endpoint, Reply, plain
-
-__all__ = ["HttpServer"]
+__all__ = ["Application", "HttpServer", "Reply", "Request", "plain"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +43,66 @@ _REASONS = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+
+
+class Reply(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+_MAX_REASON = 500  # characters of an error message kept in a reply
+
+
+def plain(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    """A text/plain reply of one line (whitespace folded, shortened to a sane length)."""
+    line = " ".join(reason.split())
+    if len(line) > _MAX_REASON:
+        line = line[: _MAX_REASON - 3] + "..."
+    return Reply(status, "text/plain", (line + "\n").encode("utf-8"), headers)
+
+
+class Request:
+    """The head of one request: method, path, query string and headers (names lowercased)."""
+
+    __slots__ = (
+        "chunked",
+        "content_type",
+        "expect",
+        "headers",
+        "keep_alive",
+        "length",
+        "method",
+        "path",
+        "query",
+    )
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.path = ""
+        self.query = ""
+        self.headers: dict[str, str] = {}
+        self.content_type: str | None = None
+        self.length: int | None = None
+        self.chunked = False
+        self.keep_alive = True
+        self.expect = False
+
+
+class Application(Protocol):
+    """What the server serves: one object answers every request."""
+
+    max_body_bytes: int
+
+    def check(self, request: Request) -> Reply | None:
+        """A reply refusing ``request`` before its body is read (a 4xx), or None."""
+
+    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
+        """The reply, or a coroutine giving it (the connection waits, in order)."""
+
+    def too_large(self, length: int | None) -> Reply:
+        """The 413 for a body over ``max_body_bytes`` (``length`` when it is known)."""
 
 
 class _BadRequest(Exception):
@@ -90,35 +148,24 @@ def _encode(reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
     return b"".join(lines)
 
 
-class _Request:
-    __slots__ = ("chunked", "content_type", "expect", "keep_alive", "length", "method", "path")
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.path = ""
-        self.content_type: str | None = None
-        self.length: int | None = None
-        self.chunked = False
-        self.keep_alive = True
-        self.expect = False
-
-
-def _parse_head(head: bytes) -> _Request:
+def _parse_head(head: bytes) -> Request:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _BadRequest(400, f"not an HTTP/1.x request line: {lines[0][:80]!r}")
-    request = _Request()
+    request = Request()
     request.method = parts[0].decode("latin-1")
     target = parts[1].decode("latin-1")
-    request.path = target.split("?", 1)[0]
+    request.path, _, request.query = target.partition("?")
     request.keep_alive = parts[2] == b"HTTP/1.1"
+    headers = request.headers
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep or not name or name != name.strip():
             raise _BadRequest(400, f"not a header line: {line[:80]!r}")
         name = name.lower()
         value = value.strip()
+        headers[name.decode("latin-1")] = value.decode("latin-1")
         if name == b"content-length":
             if not value.isdigit() or (request.length is not None and int(value) != request.length):
                 raise _BadRequest(400, f"bad Content-Length {value[:40]!r}")
@@ -145,10 +192,10 @@ def _parse_head(head: bytes) -> _Request:
 class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
-        self.endpoint = server.endpoint
+        self.app = server.app
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.request: _Request | None = None  # head read, body pending
+        self.request: Request | None = None  # head read, body pending
         self.body_start = 0
         self.chunks: list[bytes] = []
         self.chunked_size = 0
@@ -227,16 +274,16 @@ class _Connection(asyncio.Protocol):
             del buffer[: end + 4]
             self.chunks = []
             self.chunked_size = 0
-            early = self.endpoint.check(
-                request.method, request.path, request.content_type, request.length
-            )
+            early = self.app.check(request)
             if early is not None:
-                if request.length is None and not request.chunked:
-                    request.length = 0
-                elif early.status != 200:
-                    self.request = None
+                self.request = None
+                if not request.length and not request.chunked:  # nothing to skip
+                    self._write(early, request.keep_alive, head_only=request.method == "HEAD")
+                    if self.buffer and not self.closing:
+                        asyncio.get_running_loop().call_soon(self._process)
+                else:
                     self._refuse_body(request, early)
-                    return None
+                return None
             if request.expect and (request.length or request.chunked) and early is None:
                 assert self.transport is not None
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -249,7 +296,7 @@ class _Connection(asyncio.Protocol):
         del buffer[:length]
         return body
 
-    def _refuse_body(self, request: _Request, reply: Reply) -> None:
+    def _refuse_body(self, request: Request, reply: Reply) -> None:
         """Answer ``reply`` without reading the body: drop a body of known, modest length
         and carry on; otherwise answer, then close once the client stops sending. A client
         that expects 100-continue may or may not send the body now: close then too."""
@@ -267,7 +314,7 @@ class _Connection(asyncio.Protocol):
 
     def _read_chunks(self) -> bytes | None:
         buffer = self.buffer
-        limit = self.endpoint.max_body_bytes
+        limit = self.app.max_body_bytes
         while True:
             line_end = buffer.find(b"\r\n")
             if line_end < 0:
@@ -291,7 +338,7 @@ class _Connection(asyncio.Protocol):
                 return body
             if self.chunked_size + size > limit:
                 self.request = None
-                self._write(self.endpoint.too_large(None), keep_alive=False, linger=True)
+                self._write(self.app.too_large(None), keep_alive=False, linger=True)
                 return None
             if len(buffer) < line_end + 2 + size + 2:
                 return None
@@ -302,16 +349,10 @@ class _Connection(asyncio.Protocol):
             self.chunked_size += size
             del buffer[: data_end + 2]
 
-    def _answer(self, request: _Request, body: bytes) -> None:
-        endpoint = self.endpoint
-        if request.path != endpoint.path or request.method != "POST":
-            reply = endpoint.check(request.method, request.path, request.content_type, None)
-            assert reply is not None
-            self._write(reply, request.keep_alive, head_only=request.method == "HEAD")
-            return
-        outcome = endpoint.invoke(body)
+    def _answer(self, request: Request, body: bytes) -> None:
+        outcome = self.app.handle(request, body)
         if isinstance(outcome, Reply):
-            self._write(outcome, request.keep_alive)
+            self._write(outcome, request.keep_alive, head_only=request.method == "HEAD")
             return
         assert self.transport is not None
         self.transport.pause_reading()
@@ -379,8 +420,8 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Listens on one address; ``close`` stops it gracefully."""
 
-    def __init__(self, endpoint: Endpoint, keepalive_timeout: float = 75.0) -> None:
-        self.endpoint = endpoint
+    def __init__(self, app: Application, keepalive_timeout: float = 75.0) -> None:
+        self.app = app
         self.keepalive_timeout = keepalive_timeout
         self.connections: set[_Connection] = set()
         self.shutting_down = False
