@@ -270,9 +270,8 @@ class HttpSource(Source):
 
     def _value(self, request: Request, body: bytes) -> TypedValue:
         query = parse_qs(request.query) if request.query else {}
-        value_typename = (query.get("typename") or [None])[0] or request.headers.get(
-            TYPENAME_HEADER.lower()
-        )
+        named = query.get("typename")
+        value_typename = named[0] if named else request.headers.get(TYPENAME_HEADER.lower())
         media = (request.content_type or "").split(";", 1)[0].strip().lower()
         plain_text = media == "text/plain"
         try:

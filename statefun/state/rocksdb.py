@@ -1,31 +1,60 @@
-"""RocksDB state (``rocksdict``): state larger than memory, incremental checkpoints.
+"""RocksDB state (``rocksdict``): state larger than memory, log-based incremental checkpoints.
+
+Interfaces: ``RocksDBStateBackend`` is a ``StateBackend`` (``state/base.py``); its
+``snapshot()`` gives a ``RocksDBStateSnapshot`` whose ``write(directory, previous)`` returns
+the manifest that ``restore`` takes back, and that ``read_rocksdb_snapshot`` reads for other
+backends (the memory backend restores RocksDB checkpoints with it). Knobs (constructor):
+``flush_every`` (the write buffer), ``max_deltas``, ``max_delta_bytes`` and ``max_delta_keys``
+(when a checkpoint materializes, below), ``keep_existing`` (reopen what ``close`` left).
 
 Layout under the backend's ``path`` (a working copy; durability comes from checkpoints)::
 
     path/db/        the RocksDB database
     path/staging/   RocksDB checkpoints (hard links) on their way to checkpoint storage
 
+and of a checkpoint's ``state/`` folder, the files of one chain (``_changelog.Chain``)::
+
+    000012.sst, MANIFEST-000009, CURRENT, OPTIONS-000011   the last materialization ("files")
+    delta-<chain>-000001.msgpack, ...                      the deltas since ("deltas"), in order
+
 Keys are ``key group (2 bytes, big-endian) | typename length (2 bytes) | typename | id``, so
 the addresses of one key group are one prefix scan; values are ``_codec.encode_values``.
 
-Snapshots. A RocksDB checkpoint (hard links of the SST files) is what makes checkpoints
-incremental, but creating one flushes the memtable: tens to hundreds of milliseconds, too long
-a stall at the cut. So writes go to a small write buffer in Python first (a dict per key
-group, flushed to RocksDB in batches of ``flush_every`` writes), and ``snapshot()`` only
-freezes that buffer and starts a new one (O(1)). From then on, RocksDB is not written until
-the snapshot's ``write()``, in a worker thread, has applied the frozen buffer(s) and created
-the RocksDB checkpoint: at that moment the database is exactly the state at the cut. Reads
-look at the live buffer, then the frozen ones (newest first), then RocksDB.
+Writes go to a small write buffer in Python first (a dict per key group), moved into RocksDB
+in batches of ``flush_every`` writes while no snapshot is pending; the keys so moved since the
+last snapshot are remembered (up to ``max_delta_keys``) because the next delta must hold them.
+Reads look at the live buffer, then the frozen ones (newest first), then RocksDB.
 
-``write(directory, previous)`` then copies the checkpoint into ``directory``: SST files are
-immutable, so one that ``previous`` already holds (same inode, or same name, size and tail)
-is hard-linked from there instead of copied; everything else (new SSTs, MANIFEST, OPTIONS,
-CURRENT) is copied and fsynced. Each checkpoint folder is thus complete on its own and may be
-deleted in any order. The manifest lists every file and whether it was reused.
+Checkpoints, in the spirit of Flink's changelog state backend (FLIP-158): a RocksDB checkpoint
+(memtable flush, hard links, MANIFEST copy, fsyncs) is too slow to take at every checkpoint
+when they run back to back, so most checkpoints write only a delta - what changed since the
+previous snapshot - and link the rest from the previous checkpoint:
+
+1. ``snapshot()`` (at the cut, O(1)) freezes the write buffer and the moved keys, and starts
+   new ones. From then on RocksDB is not written until the snapshot's ``write()`` has applied
+   the frozen buffer(s).
+2. ``write(directory, previous)`` (worker thread) **materializes** - applies the frozen
+   buffers, creates a RocksDB checkpoint and copies it into ``directory``, hard-linking the
+   SST files ``previous`` already holds (same inode, or same name, size and tail) - when
+   there is no chain to extend: the first snapshot, after ``restore``, after a failed write,
+   without ``previous``, when ``previous`` lacks the chain's files, when more than
+   ``max_delta_keys`` keys moved, or when the chain reached ``max_deltas`` deltas or
+   ``max_delta_bytes``. Otherwise it writes a **delta**: hard-links the chain's files from
+   ``previous`` (``Chain.link``), applies the frozen buffers to RocksDB (which stays the
+   current state, so reads are right and the next materialization is complete), collects
+   their entries and the moved keys' values into one delta file, and fsyncs it and the folder.
+   The manifest (plain data) lists the files, the deltas in order, and whether (and why)
+   this checkpoint materialized.
+3. ``restore`` installs the materialized files as the database (SSTs hard-linked) and
+   replays the deltas in order (later wins, a nil value deletes); ``read_rocksdb_snapshot``
+   does the same in a scratch copy. Both keep only the key groups asked for.
+
+Each checkpoint folder is thus complete on its own and may be deleted in any order.
 
 Snapshots must be written in the order they were taken (writing a later one first makes the
-earlier one fail). A snapshot released without being written leaves its buffer frozen; the
-next snapshot's ``write()`` (or ``close()``) moves it into RocksDB.
+earlier one fail). A snapshot released without being written leaves its buffer frozen: the
+next snapshot's ``write()`` applies it and puts its entries in that delta, so none is lost
+(``close()`` and ``restore()`` apply it too, and the next checkpoint materializes).
 """
 
 from __future__ import annotations
@@ -38,12 +67,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from statefun.state._changelog import Chain, Identity, file_identity, read_delta, write_delta
 from statefun.state._codec import (
     MAX_KEY_GROUPS,
     decode_key,
@@ -59,7 +89,9 @@ __all__ = ["RocksDBStateBackend", "RocksDBStateSnapshot", "read_rocksdb_snapshot
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+#: 2: materialized files plus deltas; 1 (still read): materialized files only
+FORMAT = 2
+_READABLE_FORMATS = (1, 2)
 #: writes per RocksDB WriteBatch when a worker applies a frozen buffer
 _BATCH = 4096
 #: bigger than every key: the end of a delete_range that runs to the last key group
@@ -68,6 +100,17 @@ _TAIL = 4096
 
 #: key group -> address -> values, or None for a deletion
 _Buffer = dict[int, dict[AddressKey, StateValues | None]]
+
+
+class _Frozen:
+    """What ``snapshot()`` froze: the write buffer, and the keys moved from the buffer into
+    RocksDB since the previous snapshot (None: too many to track)."""
+
+    __slots__ = ("buffer", "moved")
+
+    def __init__(self, buffer: _Buffer, moved: set[bytes] | None) -> None:
+        self.buffer = buffer
+        self.moved = moved
 
 
 def _options() -> Options:
@@ -122,22 +165,29 @@ def _same_sst(new: Path, old: Path) -> bool:
     return _tail(new, a.st_size) == _tail(old, b.st_size)
 
 
-def _apply(db: Rdict, buffer: _Buffer, write_options: WriteOptions, limit: int = _BATCH) -> None:
-    """Write ``buffer`` into ``db`` in batches of ``limit`` writes."""
-    batch = WriteBatch(raw_mode=True)
-    count = 0
+def _encoded(buffer: _Buffer) -> Iterator[tuple[bytes, bytes | None]]:
+    """The entries of ``buffer`` as RocksDB stores them (None: deleted)."""
     for key_group, group in buffer.items():
         for key, values in group.items():
-            raw = encode_key(key_group, key)
-            if values is None:
-                batch.delete(raw)
-            else:
-                batch.put(raw, encode_values(values))
-            count += 1
-            if count >= limit:
-                db.write(batch, write_options)
-                batch = WriteBatch(raw_mode=True)
-                count = 0
+            yield encode_key(key_group, key), None if values is None else encode_values(values)
+
+
+def _write_raw(
+    db: Rdict, pairs: Iterable[tuple[bytes, bytes | None]], write_options: WriteOptions
+) -> None:
+    """Put (or delete, for None) ``pairs`` into ``db`` in batches of ``_BATCH`` writes."""
+    batch = WriteBatch(raw_mode=True)
+    count = 0
+    for raw, value in pairs:
+        if value is None:
+            batch.delete(raw)
+        else:
+            batch.put(raw, value)
+        count += 1
+        if count >= _BATCH:
+            db.write(batch, write_options)
+            batch = WriteBatch(raw_mode=True)
+            count = 0
     if count:
         db.write(batch, write_options)
 
@@ -164,8 +214,19 @@ def _iter_db(
             yield key_group, key, decode_values(data)
 
 
+def _check_manifest(manifest: Mapping[str, Any]) -> None:
+    if manifest.get("backend") != "rocksdb":
+        raise ValueError(f"not a rocksdb state snapshot: backend {manifest.get('backend')!r}")
+    if manifest.get("format") not in _READABLE_FORMATS:
+        raise ValueError(
+            f"rocksdb state snapshot format {manifest.get('format')!r} is not supported "
+            f"(this version reads formats {', '.join(map(str, _READABLE_FORMATS))}): "
+            "restore it with the version that wrote it"
+        )
+
+
 def _install(directory: Path, manifest: Mapping[str, Any], target: Path) -> None:
-    """Make ``target`` a RocksDB database holding the checkpoint in ``directory``."""
+    """Make ``target`` a RocksDB database holding the materialized files in ``directory``."""
     target.mkdir(parents=True)
     for entry in manifest["files"]:
         name = entry["name"]
@@ -175,12 +236,23 @@ def _install(directory: Path, manifest: Mapping[str, Any], target: Path) -> None
             _copy_file(directory / name, target / name)
 
 
-def _check_manifest(manifest: Mapping[str, Any]) -> None:
-    if manifest.get("backend") != "rocksdb" or manifest.get("format") != FORMAT:
-        raise ValueError(
-            f"not a rocksdb state snapshot (format {FORMAT}): "
-            f"{manifest.get('backend')!r} format {manifest.get('format')!r}"
-        )
+def _replay(
+    db: Rdict,
+    directory: Path,
+    manifest: Mapping[str, Any],
+    key_groups: Collection[int] | None,
+    write_options: WriteOptions,
+) -> int:
+    """Apply the deltas of ``manifest`` to ``db`` in order (only ``key_groups``); how many."""
+    prefixes = (
+        None
+        if key_groups is None
+        else {key_group_prefix(k) for k in key_groups if 0 <= k < MAX_KEY_GROUPS}
+    )
+    deltas = manifest.get("deltas", ())
+    for entry in deltas:
+        _write_raw(db, read_delta(directory / entry["name"], prefixes), write_options)
+    return len(deltas)
 
 
 def read_rocksdb_snapshot(
@@ -188,7 +260,8 @@ def read_rocksdb_snapshot(
 ) -> Iterator[tuple[int, AddressKey, dict[str, Any]]]:
     """Every address of a rocksdb-format snapshot in ``key_groups`` (None: all).
 
-    Opens a scratch copy (hard links) so that the checkpoint itself is never written.
+    Opens a scratch copy (hard links) and replays the deltas there, so that the checkpoint
+    itself is never written.
     """
     _check_manifest(manifest)
     scratch = Path(tempfile.mkdtemp(prefix="statefun-rocksdb-read-"))
@@ -196,6 +269,7 @@ def read_rocksdb_snapshot(
         _install(directory, manifest, scratch / "db")
         db = Rdict(str(scratch / "db"), _options())
         try:
+            _replay(db, directory, manifest, key_groups, _write_options())
             yield from _iter_db(db, key_groups)
         finally:
             db.close()
@@ -208,10 +282,20 @@ class RocksDBStateBackend(StateBackend):
 
     ``keep_existing=False`` (the default) starts from an empty database, as a job does before
     it restores its last checkpoint; ``True`` reopens what a previous ``close()`` left.
+    A checkpoint materializes (a full RocksDB checkpoint) instead of writing a delta once the
+    chain holds ``max_deltas`` deltas or ``max_delta_bytes`` of them (0: always), or when more
+    than ``max_delta_keys`` keys moved from the write buffer into RocksDB since the last cut.
     """
 
     def __init__(
-        self, path: str | Path, *, flush_every: int = 1024, keep_existing: bool = False
+        self,
+        path: str | Path,
+        *,
+        flush_every: int = 1024,
+        keep_existing: bool = False,
+        max_deltas: int = 100,
+        max_delta_bytes: int = 64 << 20,
+        max_delta_keys: int = 100_000,
     ) -> None:
         self.path = Path(path)
         self._db_path = self.path / "db"
@@ -223,12 +307,20 @@ class RocksDBStateBackend(StateBackend):
         self._write_options = _write_options()
         self._db = Rdict(str(self._db_path), _options())
         self._flush_every = flush_every
+        self._max_deltas = max_deltas
+        self._max_delta_bytes = max_delta_bytes
+        self._max_delta_keys = max_delta_keys
         self._pending: _Buffer = {}
         self._puts = 0
-        #: buffers of snapshots not yet in RocksDB, oldest first (rebound, never mutated)
-        self._frozen: tuple[_Buffer, ...] = ()
+        #: keys moved from the buffer into RocksDB since the last snapshot (None: too many)
+        self._moved: set[bytes] | None = set()
+        #: snapshots whose buffers are not yet in RocksDB, oldest first (rebound, never mutated)
+        self._frozen: tuple[_Frozen, ...] = ()
         self._frozen_lock = threading.Lock()  # held briefly: rebinding _frozen
-        self._write_lock = threading.Lock()  # held while RocksDB must stay at a cut
+        self._write_lock = threading.Lock()  # held by write(), restore() and close()
+        #: the files of the last checkpoint written, or None: the next one materializes because
+        self._chain: Chain | None = None
+        self._unchained = "first"
         self._closed = False
 
     # -- reads and writes ---------------------------------------------------------------------
@@ -237,8 +329,8 @@ class RocksDBStateBackend(StateBackend):
         group = self._pending.get(key_group)
         if group is not None and key in group:
             return group[key]
-        for buffer in reversed(self._frozen):  # the tuple is read once, before RocksDB
-            group = buffer.get(key_group)
+        for frozen in reversed(self._frozen):  # the tuple is read once, before RocksDB
+            group = frozen.buffer.get(key_group)
             if group is not None and key in group:
                 return group[key]
         raw = self._db.get(encode_key(key_group, key))
@@ -256,6 +348,7 @@ class RocksDBStateBackend(StateBackend):
     def _flush_pending(self, limit: int) -> None:
         """Move up to ``limit`` buffered writes into RocksDB (event loop, no cut pending)."""
         pending = self._pending
+        moved_keys = self._moved
         batch = WriteBatch(raw_mode=True)
         count = 0
         while pending and count < limit:
@@ -273,9 +366,13 @@ class RocksDBStateBackend(StateBackend):
                     batch.delete(raw)
                 else:
                     batch.put(raw, encode_values(values))
+                if moved_keys is not None:
+                    moved_keys.add(raw)
             count += len(moved)
         if count:
             self._db.write(batch, self._write_options)
+        if moved_keys is not None and len(moved_keys) > self._max_delta_keys:
+            self._moved = None  # the next snapshot materializes
         self._puts = 0
 
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
@@ -284,7 +381,7 @@ class RocksDBStateBackend(StateBackend):
         prefix = key_group_prefix(key_group)
         for raw, data in _scan(self._db, prefix):
             merged[decode_key(raw)[1]] = decode_values(data)
-        for buffer in (*frozen, self._pending):
+        for buffer in (*(f.buffer for f in frozen), self._pending):
             group = buffer.get(key_group)
             if group:
                 merged.update(group)
@@ -303,7 +400,7 @@ class RocksDBStateBackend(StateBackend):
             iterator.seek(key_group_prefix(key_group + 1))
         del iterator
         buffered: set[int] = set()
-        for buffer in (*frozen, self._pending):
+        for buffer in (*(f.buffer for f in frozen), self._pending):
             buffered.update(k for k, group in buffer.items() if group)
         result = stored - buffered
         result.update(k for k in buffered if next(self.items(k), None) is not None)
@@ -312,37 +409,137 @@ class RocksDBStateBackend(StateBackend):
     # -- snapshots ---------------------------------------------------------------------------
 
     def snapshot(self) -> RocksDBStateSnapshot:
-        buffer = self._pending
+        frozen = _Frozen(self._pending, self._moved)
         self._pending = {}
+        self._moved = set()
         self._puts = 0
         with self._frozen_lock:
-            self._frozen = (*self._frozen, buffer)
-        return RocksDBStateSnapshot(self, buffer)
+            self._frozen = (*self._frozen, frozen)
+        return RocksDBStateSnapshot(self, frozen)
 
-    def _checkpoint(self, buffer: _Buffer) -> Path:
-        """Apply the frozen buffers up to ``buffer`` and checkpoint RocksDB (worker thread)."""
+    def _write(self, frozen: _Frozen, directory: Path, previous: Path | None) -> dict[str, Any]:
+        """``RocksDBStateSnapshot.write``: a delta, or a materialization (worker thread)."""
         with self._write_lock:
-            frozen = self._frozen
-            index = next((i for i, b in enumerate(frozen) if b is buffer), None)
+            index = next((i for i, f in enumerate(self._frozen) if f is frozen), None)
             if index is None:
                 raise RuntimeError(
                     "this state snapshot was already written, or a later one was written first"
                 )
-            for older in frozen[: index + 1]:
-                _apply(self._db, older, self._write_options)
-            self._staging.mkdir(parents=True, exist_ok=True)
-            staging = self._staging / f"chk-{uuid.uuid4().hex}"
-            Checkpoint(self._db).create_checkpoint(str(staging))
-            with self._frozen_lock:
-                self._frozen = self._frozen[index + 1 :]
-            return staging
+            mine = self._frozen[: index + 1]
+            # Until this write succeeds, the next one materializes.
+            chain, self._chain = self._chain, None
+            reason: str | None = self._unchained
+            self._unchained = "failed"
+            if chain is not None:
+                reason = self._materialize_reason(chain, previous, mine)
+            directory.mkdir(parents=True, exist_ok=True)
+            if reason is None:
+                assert chain is not None and previous is not None
+                if not chain.link(previous, directory):
+                    reason = "previous-lacks-files"
+            if reason is None:
+                assert chain is not None
+                manifest, chain = self._write_delta(chain, mine, directory)
+            else:
+                manifest, chain = self._materialize(mine, directory, previous, reason)
+            self._chain = chain
+            return manifest
+
+    def _materialize_reason(
+        self, chain: Chain, previous: Path | None, mine: Sequence[_Frozen]
+    ) -> str | None:
+        if previous is None:
+            return "no-previous"
+        if any(f.moved is None for f in mine):
+            return "keys"
+        if len(chain.deltas) >= self._max_deltas:
+            return "count"
+        if chain.delta_bytes >= self._max_delta_bytes:
+            return "size"
+        return None
+
+    def _unfreeze(self, count: int) -> None:
+        """Forget the oldest ``count`` frozen buffers, once they are in RocksDB."""
+        with self._frozen_lock:
+            self._frozen = self._frozen[count:]
+
+    def _write_delta(
+        self, chain: Chain, mine: Sequence[_Frozen], directory: Path
+    ) -> tuple[dict[str, Any], Chain]:
+        """Apply the frozen buffers ``mine`` and write what they change as one delta."""
+        changes: dict[bytes, bytes | None] = {}
+        for frozen in mine:
+            changes.update(_encoded(frozen.buffer))
+        _write_raw(self._db, changes.items(), self._write_options)
+        # Keys the buffer moved into RocksDB before the cut and did not write again: their
+        # values at the cut are in RocksDB while the buffers stay frozen (no later write).
+        moved = [raw for f in mine for raw in f.moved or () if raw not in changes]
+        for start in range(0, len(moved), _BATCH):
+            part: list[Any] = moved[start : start + _BATCH]
+            changes.update(zip(part, cast(list[bytes | None], self._db.get(part)), strict=True))
+        self._unfreeze(len(mine))
+        copied = 0
+        if changes:  # nothing changed: the chain as it was
+            name = chain.next_delta_name()
+            copied = write_delta(directory / name, changes)
+            chain = chain.with_delta(name, copied, len(changes), file_identity(directory / name))
+        fsync_dir(directory)
+        files = [{**f, "reused": True} for f in chain.base]
+        reused = sum(f["size"] for f in (*chain.base, *chain.deltas)) - copied
+        manifest = self._manifest(chain, None, files, [1 if changes else 0, copied], reused)
+        return manifest, chain
+
+    def _materialize(
+        self, mine: Sequence[_Frozen], directory: Path, previous: Path | None, reason: str
+    ) -> tuple[dict[str, Any], Chain]:
+        """Apply the frozen buffers ``mine``, checkpoint RocksDB, copy it into ``directory``."""
+        for frozen in mine:
+            _write_raw(self._db, _encoded(frozen.buffer), self._write_options)
+        self._staging.mkdir(parents=True, exist_ok=True)
+        staging = self._staging / f"chk-{uuid.uuid4().hex}"
+        Checkpoint(self._db).create_checkpoint(str(staging))
+        self._unfreeze(len(mine))
+        try:
+            files, identities = _upload(staging, directory, previous)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        chain = Chain(
+            token=uuid.uuid4().hex[:16],
+            base=tuple({"name": f["name"], "size": f["size"]} for f in files),
+            identities=identities,
+        )
+        new = [f for f in files if not f["reused"]]
+        copied = [len(new), sum(f["size"] for f in new)]
+        reused = sum(f["size"] for f in files) - copied[1]
+        return self._manifest(chain, reason, files, copied, reused), chain
+
+    @staticmethod
+    def _manifest(
+        chain: Chain,
+        reason: str | None,
+        files: list[dict[str, Any]],
+        copied: list[int],
+        reused_bytes: int,
+    ) -> dict[str, Any]:
+        return {
+            "backend": "rocksdb",
+            "format": FORMAT,
+            "materialized": reason is not None,
+            "reason": reason,
+            "chain": chain.token,
+            "files": files,
+            "deltas": [dict(d) for d in chain.deltas],
+            "copied_files": copied[0],
+            "copied_bytes": copied[1],
+            "reused_files": len(files) + len(chain.deltas) - copied[0],
+            "reused_bytes": reused_bytes,
+        }
 
     def _apply_frozen(self) -> None:
-        with self._write_lock:
-            for buffer in self._frozen:
-                _apply(self._db, buffer, self._write_options)
-            with self._frozen_lock:
-                self._frozen = ()
+        """Apply every frozen buffer (restore, close): they are in no checkpoint then."""
+        for frozen in self._frozen:
+            _write_raw(self._db, _encoded(frozen.buffer), self._write_options)
+        self._unfreeze(len(self._frozen))
 
     def restore(
         self,
@@ -351,40 +548,47 @@ class RocksDBStateBackend(StateBackend):
         key_groups: Collection[int] | None = None,
     ) -> None:
         started = time.perf_counter()
-        self._apply_frozen()
-        self._flush_pending(1 << 62)
-        if manifest.get("backend") == "rocksdb" and self._is_empty():
-            _check_manifest(manifest)
-            # Fast path: the checkpoint becomes the database (SSTs hard-linked), and the key
-            # groups not asked for are dropped with range deletions.
-            self._db.close()
-            shutil.rmtree(self._db_path)
-            _install(directory, manifest, self._db_path)
-            self._db = Rdict(str(self._db_path), _options())
-            if key_groups is not None:
-                self._delete_other_key_groups(set(key_groups))
-            how = "installed"
-        else:
-            if manifest.get("backend") == "rocksdb":
-                entries = read_rocksdb_snapshot(directory, manifest, key_groups)
-            else:
-                entries = read_memory_snapshot(directory, manifest, key_groups)
-            batch = WriteBatch(raw_mode=True)
-            count = 0
-            for key_group, key, values in entries:
-                batch.put(encode_key(key_group, key), encode_values(values))
-                count += 1
-                if count % _BATCH == 0:
-                    self._db.write(batch, self._write_options)
-                    batch = WriteBatch(raw_mode=True)
-            self._db.write(batch, self._write_options)
-            how = f"loaded {count} address(es)"
+        with self._write_lock:
+            self._apply_frozen()
+            self._flush_pending(1 << 62)
+            self._chain, self._unchained, self._moved = None, "restored", set()
+            how = self._restore(directory, manifest, key_groups)
         log.info(
             "restored rocksdb state from %s (%s) in %.3f s",
             directory,
             how,
             time.perf_counter() - started,
         )
+
+    def _restore(
+        self, directory: Path, manifest: Mapping[str, Any], key_groups: Collection[int] | None
+    ) -> str:
+        if manifest.get("backend") == "rocksdb" and self._is_empty():
+            _check_manifest(manifest)
+            # Fast path: the checkpoint becomes the database (SSTs hard-linked), the deltas
+            # are replayed, and the key groups not asked for are dropped with range deletions.
+            self._db.close()
+            shutil.rmtree(self._db_path)
+            _install(directory, manifest, self._db_path)
+            self._db = Rdict(str(self._db_path), _options())
+            deltas = _replay(self._db, directory, manifest, key_groups, self._write_options)
+            if key_groups is not None:
+                self._delete_other_key_groups(set(key_groups))
+            return f"installed, {deltas} delta(s) replayed"
+        if manifest.get("backend") == "rocksdb":
+            entries = read_rocksdb_snapshot(directory, manifest, key_groups)
+        else:
+            entries = read_memory_snapshot(directory, manifest, key_groups)
+        count = 0
+
+        def encoded() -> Iterator[tuple[bytes, bytes | None]]:
+            nonlocal count
+            for key_group, key, values in entries:
+                count += 1
+                yield encode_key(key_group, key), encode_values(values)
+
+        _write_raw(self._db, encoded(), self._write_options)
+        return f"loaded {count} address(es)"
 
     def _is_empty(self) -> bool:
         iterator = self._db.iter()
@@ -402,67 +606,60 @@ class RocksDBStateBackend(StateBackend):
     def close(self) -> None:
         if self._closed:
             return
-        self._apply_frozen()
-        self._flush_pending(1 << 62)
-        self._db.flush()
-        self._db.close()
+        with self._write_lock:
+            self._apply_frozen()
+            self._flush_pending(1 << 62)
+            self._chain, self._unchained = None, "closed"
+            self._db.flush()
+            self._db.close()
         shutil.rmtree(self._staging, ignore_errors=True)
         self._closed = True
 
 
-class RocksDBStateSnapshot(StateSnapshot):
-    """A frozen write buffer, then a RocksDB checkpoint (see the module docstring)."""
+def _upload(
+    staging: Path, directory: Path, previous: Path | None
+) -> tuple[list[dict[str, Any]], dict[str, Identity]]:
+    """Copy a RocksDB checkpoint into ``directory``, hard-linking the SSTs ``previous`` holds.
 
-    def __init__(self, backend: RocksDBStateBackend, buffer: _Buffer) -> None:
+    Returns each file's manifest entry and its identity in ``directory``.
+    """
+    files: list[dict[str, Any]] = []
+    identities: dict[str, Identity] = {}
+    for name in sorted(os.listdir(staging)):
+        source = staging / name
+        size = source.stat().st_size
+        target = directory / name
+        target.unlink(missing_ok=True)
+        shared = False
+        old = None if previous is None else previous / name
+        if old is not None and name.endswith(".sst") and _same_sst(source, old):
+            try:
+                os.link(old, target)
+                shared = True
+            except OSError:
+                pass
+        if not shared:
+            _copy_file(source, target)
+        files.append({"name": name, "size": size, "reused": shared})
+        identities[name] = file_identity(target)
+    fsync_dir(directory)
+    return files, identities
+
+
+class RocksDBStateSnapshot(StateSnapshot):
+    """A frozen write buffer, then a delta or a materialization (see the module docstring)."""
+
+    def __init__(self, backend: RocksDBStateBackend, frozen: _Frozen) -> None:
         self._backend: RocksDBStateBackend | None = backend
-        self._buffer = buffer
+        self._frozen = frozen
 
     def write(self, directory: Path, previous: Path | None = None) -> dict[str, Any]:
         backend = self._backend
         if backend is None:
             raise RuntimeError("this state snapshot was released")
-        staging = backend._checkpoint(self._buffer)
-        try:
-            return self._upload(staging, directory, previous)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    @staticmethod
-    def _upload(staging: Path, directory: Path, previous: Path | None) -> dict[str, Any]:
-        directory.mkdir(parents=True, exist_ok=True)
-        files: list[dict[str, Any]] = []
-        copied = [0, 0]
-        reused = [0, 0]
-        for name in sorted(os.listdir(staging)):
-            source = staging / name
-            size = source.stat().st_size
-            target = directory / name
-            target.unlink(missing_ok=True)
-            shared = False
-            old = None if previous is None else previous / name
-            if old is not None and name.endswith(".sst") and _same_sst(source, old):
-                try:
-                    os.link(old, target)
-                    shared = True
-                except OSError:
-                    pass
-            if not shared:
-                _copy_file(source, target)
-            tally = reused if shared else copied
-            tally[0] += 1
-            tally[1] += size
-            files.append({"name": name, "size": size, "reused": shared})
-        fsync_dir(directory)
-        return {
-            "backend": "rocksdb",
-            "format": FORMAT,
-            "files": files,
-            "copied_files": copied[0],
-            "copied_bytes": copied[1],
-            "reused_files": reused[0],
-            "reused_bytes": reused[1],
-        }
+        return backend._write(self._frozen, directory, previous)
 
     def release(self) -> None:
-        # An unwritten snapshot's buffer stays frozen: the next write() or close() applies it.
+        # An unwritten snapshot's buffer stays frozen: the next write() puts it in RocksDB and
+        # in its delta (or close() or restore() applies it).
         self._backend = None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -304,8 +307,9 @@ def test_manifest_is_plain_data(backend: StateBackend, tmp_path: Path) -> None:
 # -- RocksDB: incremental checkpoints ----------------------------------------------------------
 
 
-def test_rocksdb_checkpoints_are_incremental(tmp_path: Path) -> None:
-    backend = rocksdb.RocksDBStateBackend(tmp_path / "db")
+def test_rocksdb_materializations_share_sst_files(tmp_path: Path) -> None:
+    # max_deltas=0: every checkpoint materializes (a RocksDB checkpoint), never a delta.
+    backend = rocksdb.RocksDBStateBackend(tmp_path / "db", max_deltas=0)
     try:
         fill(backend, 5_000, groups=32)
         first = backend.snapshot()
@@ -342,6 +346,9 @@ def test_rocksdb_checkpoints_are_incremental(tmp_path: Path) -> None:
     assert copied_sst_bytes(two) < copied_sst_bytes(one) / 10
     assert {f["name"] for f in three["files"] if f["reused"]} >= reused
     assert copied_sst_bytes(three) < copied_sst_bytes(one) / 10
+    assert [m["materialized"] for m in (one, two, three)] == [True, True, True]
+    assert [m["reason"] for m in (one, two, three)] == ["first", "count", "count"]
+    assert two["deltas"] == three["deltas"] == []
     names = {f["name"] for f in two["files"]}
     assert names == {p.name for p in (tmp_path / "chk-2").iterdir()}
 
@@ -353,6 +360,273 @@ def test_rocksdb_checkpoints_are_incremental(tmp_path: Path) -> None:
         assert plain(restored.get(3, ("ns/fn", "id-3"))) == plain({"x": tv(b"changed")})
     finally:
         restored.close()
+
+
+# -- RocksDB: changelog (deltas between materializations) ---------------------------------------
+
+#: (key group, address) -> value of state "x", or absent
+Model = dict[tuple[int, AddressKey], bytes]
+
+
+def change(backend: StateBackend, model: Model, rng: random.Random, step: int, n: int) -> None:
+    """``n`` random puts, overwrites and deletes over 6 key groups, mirrored in ``model``."""
+    for i in range(n):
+        where = (rng.randrange(6), ("ns/fn", f"id-{rng.randrange(40)}"))
+        if where in model and rng.random() < 0.3:
+            backend.put(*where, {})
+            del model[where]
+        else:
+            value = b"%d-%d" % (step, i)
+            backend.put(*where, {"x": tv(value)})
+            model[where] = value
+
+
+def expect(model: Model, key_groups: Collection[int] | None = None) -> dict[int, Any]:
+    """``model`` as ``dump`` shows it (only ``key_groups``, None: all)."""
+    groups: dict[int, dict[AddressKey, Any]] = {}
+    for (kg, key), value in model.items():
+        if key_groups is None or kg in key_groups:
+            groups.setdefault(kg, {})[key] = plain({"x": tv(value)})
+    return dict(sorted(groups.items()))
+
+
+def changelog_backend(path: Path, **kwargs: Any) -> Any:
+    # A tiny write buffer: most changes reach RocksDB before the cut (the delta must hold them).
+    return rocksdb.RocksDBStateBackend(path, flush_every=3, **kwargs)
+
+
+def checkpoint(backend: Any, directory: Path, previous: Path | None) -> dict[str, Any]:
+    snap = backend.snapshot()
+    try:
+        manifest: dict[str, Any] = snap.write(directory, previous)
+    finally:
+        snap.release()
+    return manifest
+
+
+def restored_dump(
+    tmp_path: Path,
+    kind: str,
+    directory: Path,
+    manifest: dict[str, Any],
+    key_groups: Collection[int] | None = None,
+) -> dict[int, Any]:
+    target: StateBackend = (
+        MemoryStateBackend()
+        if kind == "memory"
+        else rocksdb.RocksDBStateBackend(tmp_path / f"restored-{uuid.uuid4().hex}")
+    )
+    try:
+        target.restore(directory, manifest, key_groups)
+        return dump(target)
+    finally:
+        target.close()
+
+
+def test_rocksdb_changelog_chain_restores_every_cut(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    model: Model = {}
+    backend = changelog_backend(tmp_path / "db", max_deltas=3)
+    cuts: list[tuple[Path, dict[str, Any], Model]] = []
+    try:
+        previous = None
+        for step in range(10):
+            change(backend, model, rng, step, 60)
+            folder = tmp_path / f"chk-{step}"
+            manifest = checkpoint(backend, folder, previous)
+            cuts.append((folder, manifest, dict(model)))
+            previous = folder
+        change(backend, model, rng, 99, 60)  # after the last cut: in no checkpoint
+        live = dump(backend)
+    finally:
+        backend.close()
+    assert live == expect(model)
+
+    manifests = [m for _, m, _ in cuts]
+    assert [m["materialized"] for m in manifests] == [i % 4 == 0 for i in range(10)]
+    assert [m["reason"] for m in manifests[::4]] == ["first", "count", "count"]
+    assert [len(m["deltas"]) for m in manifests] == [0, 1, 2, 3] * 2 + [0, 1]
+    for i, manifest in enumerate(manifests):
+        assert json.loads(json.dumps(manifest)) == manifest
+        base = manifests[i - i % 4]
+        assert manifest["files"] == [{**f, "reused": True} for f in base["files"]] or i % 4 == 0
+        if i % 4:  # a delta: one new file, the rest hard-linked from the previous folder
+            assert manifest["copied_files"] == 1
+            assert manifest["deltas"][:-1] == manifests[i - 1]["deltas"]
+            folder = cuts[i][0]
+            assert {p.name for p in folder.iterdir()} == {
+                *(f["name"] for f in manifest["files"]),
+                *(d["name"] for d in manifest["deltas"]),
+            }
+
+    for folder, manifest, at_cut in cuts:
+        assert restored_dump(tmp_path, "rocksdb", folder, manifest) == expect(at_cut)
+        assert restored_dump(tmp_path, "memory", folder, manifest) == expect(at_cut)
+
+    # Subsets of key groups (rescaling), from a checkpoint with three deltas.
+    folder, manifest, at_cut = cuts[7]
+    for kind in ("rocksdb", "memory"):
+        assert restored_dump(tmp_path, kind, folder, manifest, {1, 4}) == expect(at_cut, {1, 4})
+    merged = rocksdb.RocksDBStateBackend(tmp_path / "merged")
+    try:
+        merged.restore(folder, manifest, range(0, 3))  # into an empty database: installed
+        merged.restore(folder, manifest, range(3, 6))  # into a non-empty one: read and merged
+        assert dump(merged) == expect(at_cut)
+    finally:
+        merged.close()
+
+    # Each folder is complete on its own: the others deleted, a delta checkpoint restores.
+    for other, _, _ in cuts:
+        if other != folder:
+            shutil.rmtree(other)
+    assert restored_dump(tmp_path, "rocksdb", folder, manifest) == expect(at_cut)
+    assert restored_dump(tmp_path, "memory", folder, manifest, {0, 5}) == expect(at_cut, {0, 5})
+
+
+def test_rocksdb_changelog_with_pruning(tmp_path: Path) -> None:
+    """Only the newest checkpoint is kept, as with checkpoints_retained=1."""
+    rng = random.Random(11)
+    model: Model = {}
+    backend = changelog_backend(tmp_path / "db", max_deltas=4)
+    try:
+        previous = None
+        for step in range(8):
+            change(backend, model, rng, step, 40)
+            folder = tmp_path / f"chk-{step}"
+            manifest = checkpoint(backend, folder, previous)
+            if previous is not None:
+                shutil.rmtree(previous)
+            previous = folder
+            assert manifest["materialized"] == (step % 5 == 0)
+            assert restored_dump(tmp_path, "rocksdb", folder, manifest) == expect(model)
+            assert restored_dump(tmp_path, "memory", folder, manifest) == expect(model)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("flush_every", [3, 1000])  # changes in RocksDB before the cut, or not
+def test_rocksdb_released_unwritten_snapshot_is_in_the_next_delta(
+    tmp_path: Path, flush_every: int
+) -> None:
+    rng = random.Random(3)
+    model: Model = {}
+    backend = rocksdb.RocksDBStateBackend(tmp_path / "db", flush_every=flush_every)
+    try:
+        change(backend, model, rng, 0, 50)
+        one = checkpoint(backend, tmp_path / "one", None)
+        assert one["materialized"]
+        change(backend, model, rng, 1, 50)
+        backend.put(0, ("ns/fn", "only-in-the-abandoned"), {"x": tv(b"a")})
+        model[(0, ("ns/fn", "only-in-the-abandoned"))] = b"a"
+        abandoned = backend.snapshot()
+        abandoned.release()  # never written
+        change(backend, model, rng, 2, 50)
+        two = checkpoint(backend, tmp_path / "two", tmp_path / "one")
+        assert not two["materialized"]
+        assert len(two["deltas"]) == 1
+        assert dump(backend) == expect(model)
+    finally:
+        backend.close()
+    shutil.rmtree(tmp_path / "one")
+    assert restored_dump(tmp_path, "rocksdb", tmp_path / "two", two) == expect(model)
+    assert restored_dump(tmp_path, "memory", tmp_path / "two", two) == expect(model)
+
+
+def test_rocksdb_materializes_when_the_chain_cannot_go_on(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    model: Model = {}
+    backend = changelog_backend(tmp_path / "db")
+    manifests: dict[str, dict[str, Any]] = {}
+
+    def take(name: str, previous: str | None) -> dict[str, Any]:
+        change(backend, model, rng, len(manifests), 30)
+        where = None if previous is None else tmp_path / previous
+        manifests[name] = checkpoint(backend, tmp_path / name, where)
+        assert restored_dump(tmp_path, "rocksdb", tmp_path / name, manifests[name]) == expect(model)
+        return manifests[name]
+
+    try:
+        assert take("a", None)["reason"] == "first"
+        assert not take("b", "a")["materialized"]
+        # "b" never completed (say): its successor's previous is "a", which lacks b's delta.
+        assert take("c", "a")["reason"] == "previous-lacks-files"
+        assert take("d", None)["reason"] == "no-previous"
+        # A previous folder that holds other files under the same names (a copy is enough).
+        assert not take("e", "d")["materialized"]
+        shutil.copytree(tmp_path / "e", tmp_path / "e-copy")
+        assert take("f", "e-copy")["reason"] == "previous-lacks-files"
+        assert not take("g", "f")["materialized"]
+        # A failed write: the next one materializes (and loses nothing).
+        (tmp_path / "blocker").write_bytes(b"")
+        change(backend, model, rng, 100, 30)
+        failed = backend.snapshot()
+        with pytest.raises(OSError):
+            failed.write(tmp_path / "blocker" / "state", tmp_path / "g")
+        failed.release()
+        assert take("h", "g")["reason"] == "failed"
+        assert not take("i", "h")["materialized"]
+        # After a restore.
+        backend.restore(tmp_path / "i", manifests["i"])
+        assert take("j", "i")["reason"] == "restored"
+        # Nothing changed since: no new delta, the chain as it was.
+        assert not take("k", "j")["materialized"]
+        unchanged = checkpoint(backend, tmp_path / "l", tmp_path / "k")
+        assert unchanged["deltas"] == manifests["k"]["deltas"]
+        assert unchanged["copied_files"] == 0
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"max_deltas": 2}, "count"),
+        ({"max_delta_bytes": 3_000}, "size"),
+        ({"max_delta_keys": 20}, "keys"),
+    ],
+)
+def test_rocksdb_materialization_thresholds(
+    tmp_path: Path, limits: dict[str, int], reason: str
+) -> None:
+    backend = changelog_backend(tmp_path / "db", **limits)
+    model: Model = {}
+    rng = random.Random(1)
+    got = []
+    try:
+        previous = None
+        for step in range(6):
+            # 15 changes per checkpoint (about 1,000 bytes of delta), except one of 60
+            change(backend, model, rng, step, 60 if step == 3 else 15)
+            folder = tmp_path / f"chk-{step}"
+            manifest = checkpoint(backend, folder, previous)
+            got.append(manifest["reason"])
+            previous = folder
+    finally:
+        backend.close()
+    assert restored_dump(tmp_path, "memory", previous, manifest) == expect(model)
+    expected = {
+        "count": ["first", None, None, "count", None, None],
+        "size": ["first", None, None, None, "size", None],
+        "keys": ["first", None, None, "keys", None, None],
+    }
+    assert got == expected[reason]
+
+
+def test_rocksdb_rejects_unknown_formats(tmp_path: Path) -> None:
+    backend = changelog_backend(tmp_path / "db")
+    try:
+        fill(backend, 10)
+        manifest = checkpoint(backend, tmp_path / "chk", None)
+        assert manifest["format"] == 2
+        for kind in ("rocksdb", "memory"):
+            with pytest.raises(ValueError, match="format 99 is not supported"):
+                restored_dump(tmp_path, kind, tmp_path / "chk", {**manifest, "format": 99})
+        # Format 1 (before deltas) is still read.
+        old = {**manifest, "format": 1}
+        del old["deltas"]
+        assert restored_dump(tmp_path, "rocksdb", tmp_path / "chk", old) == dump(backend)
+    finally:
+        backend.close()
 
 
 def test_rocksdb_snapshots_are_written_in_order(tmp_path: Path) -> None:
