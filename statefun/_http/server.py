@@ -8,9 +8,11 @@ functions in their own app; both answer through the same ``Endpoint``.
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, request bodies framed by ``Content-Length`` or
 ``Transfer-Encoding: chunked``, ``Expect: 100-continue``, pipelined requests (answered in
-order). Bounds: the request head (64 KiB), the body (``max_body_bytes``: 413), idle
-connections (closed after ``keepalive_timeout``) and requests that stall half-sent (closed
-after the same time). A request it cannot parse gets a 400 and the connection is closed.
+order). Bounds: the request head (64 KiB), the body (``max_body_bytes``: 413), open
+connections (``max_connections``; more are closed at once), replies a client does not read
+(past asyncio's write buffer limit the connection stops reading requests), idle connections
+(closed after ``keepalive_timeout``) and requests that stall half-sent (closed after the
+same time). A request it cannot parse gets a 400 and the connection is closed.
 
 Requests to ``def`` functions run inline, in the protocol's callback; ``async def`` functions
 run in a task each, and the connection reads no further request meanwhile.
@@ -203,6 +205,7 @@ class _Connection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.closing = False
         self.eof = False
+        self.write_paused = False
         self.discard = 0  # bytes of a rejected body still to drop
         self.draining = 0  # > 0: closing after an error, dropping up to this many bytes
 
@@ -211,7 +214,31 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            server.refused += 1
+            if server.refused == 1 or server.refused % 1000 == 0:
+                log.warning(
+                    "refused %d connection(s): %d are open, the limit",
+                    server.refused,
+                    server.max_connections,
+                )
+            self.closing = True
+            transport.abort()
+            return
+        server.connections.add(self)
+
+    def pause_writing(self) -> None:
+        # The client does not read its replies: stop reading its requests until it does.
+        self.write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.busy is None and not self.closing and self.transport is not None:
+            self.transport.resume_reading()
+            self._process()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -245,7 +272,7 @@ class _Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         try:
-            while not self.closing and self.busy is None:
+            while not self.closing and self.busy is None and not self.write_paused:
                 body = self._next_body()
                 if body is None:
                     return
@@ -369,7 +396,7 @@ class _Connection(asyncio.Protocol):
             return
         self._write(reply, keep_alive and not self.eof)
         assert self.transport is not None
-        if not self.closing:
+        if not self.closing and not self.write_paused:
             self.transport.resume_reading()
             self._process()
 
@@ -420,9 +447,13 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Listens on one address; ``close`` stops it gracefully."""
 
-    def __init__(self, app: Application, keepalive_timeout: float = 75.0) -> None:
+    def __init__(
+        self, app: Application, keepalive_timeout: float = 75.0, max_connections: int = 1024
+    ) -> None:
         self.app = app
         self.keepalive_timeout = keepalive_timeout
+        self.max_connections = max_connections
+        self.refused = 0
         self.connections: set[_Connection] = set()
         self.shutting_down = False
         self._server: asyncio.Server | None = None

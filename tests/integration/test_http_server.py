@@ -12,6 +12,7 @@ import contextlib
 import email.utils
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -552,3 +553,67 @@ async def test_reply_during_shutdown_closes_the_connection() -> None:
         assert reply.closes
         assert await closed_by_server(connection.reader)
         await asyncio.wait_for(closing, DEADLINE)
+
+
+# -- bounds --------------------------------------------------------------------------------
+
+
+async def test_connections_past_the_limit_are_closed() -> None:
+    from statefun._http.server import HttpServer, Reply
+
+    class Fixed:
+        max_body_bytes = 1024
+
+        def check(self, request: object) -> None:
+            return None
+
+        def handle(self, request: object, body: bytes) -> Reply:
+            return Reply(200, "text/plain", b"ok")
+
+        def too_large(self, length: int | None) -> Reply:
+            return Reply(413, "text/plain", b"no")
+
+    server = HttpServer(Fixed(), max_connections=2)
+    port = await server.start("127.0.0.1", 0)
+    streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    try:
+        for index, (reader, writer) in enumerate(streams):
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = await asyncio.wait_for(reader.read(1000), DEADLINE)
+            if index < 2:
+                assert data.startswith(b"HTTP/1.1 200 OK")
+            else:
+                assert data == b""  # closed without a word
+        assert server.refused == 1
+    finally:
+        for _, writer in streams:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+        await server.close(1.0)
+
+
+async def test_a_client_that_does_not_read_stops_being_read(server: RunningServer) -> None:
+    # A small receive buffer, set before connecting, so the kernel holds few replies.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", server.port))
+    try:
+        requests = post(count_call(1, 1)) * 200_000  # pipelined; no reply is ever read
+        sending = loop.create_task(loop.sock_sendall(sock, requests))
+        deadline = loop.time() + DEADLINE
+        while not any(peer.write_paused for peer in server.server.connections):
+            assert loop.time() < deadline, "the server never stopped reading"
+            await asyncio.sleep(0.01)
+        (peer,) = server.server.connections
+        assert peer.transport is not None
+        # What waits for the client is bounded: asyncio's buffer stops near its high-water mark.
+        assert peer.transport.get_write_buffer_size() < 1 << 20
+        assert not sending.done()  # the rest of the requests wait in the client's buffers
+        sending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sending
+    finally:
+        sock.close()
