@@ -335,7 +335,7 @@ def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: boo
         function = job.functions.resolve(typename)
         if isinstance(function, RemoteFunction):
             for name, state_typename, mode, ttl_ms in specs:
-                function.specs[name] = StateSpec(name, state_typename, int(mode), int(ttl_ms))
+                function.register(StateSpec(name, state_typename, int(mode), int(ttl_ms)))
     cut = msgpack.unpackb((checkpoint.path / CUT_FILE).read_bytes(), raw=False)
     for deadline, sender, token, envelope in decode_timers(cut["timers"]):
         job.timers.add(deadline, envelope, sender, token)

@@ -381,11 +381,13 @@ class Dispatcher:
                     f"function {function.typename} asked for a state without a name or type"
                 )
             expiration = missing.expiration_spec
-            function.specs[name] = StateSpec(
-                name,
-                missing.type_typename,
-                int(expiration.mode),
-                int(expiration.expire_after_millis),
+            function.register(
+                StateSpec(
+                    name,
+                    missing.type_typename,
+                    int(expiration.mode),
+                    int(expiration.expire_after_millis),
+                )
             )
             log.info(
                 "function %s registered state %r (%s)",

@@ -56,12 +56,15 @@ class RemoteFunction:
     typename: str
     endpoint: HttpEndpointSpec
     url: str
-    #: states the function asked for (IncompleteInvocationContext), in the order it gave them
+    #: states the function asked for (IncompleteInvocationContext), in the order it gave them;
+    #: add with ``register``
     specs: dict[str, StateSpec] = field(default_factory=dict)
+    #: whether any of them expires (kept with ``specs``: read on every call)
+    has_ttl: bool = False
 
-    @property
-    def has_ttl(self) -> bool:
-        return any(s.ttl_mode for s in self.specs.values())
+    def register(self, spec: StateSpec) -> None:
+        self.specs[spec.name] = spec
+        self.has_ttl = any(s.ttl_mode for s in self.specs.values())
 
     @property
     def max_batch(self) -> int:
