@@ -209,3 +209,84 @@ async def test_call_reply_is_released_when_its_checkpoint_completes(tmp_path: Pa
     assert job.checkpoints is not None and job.checkpoints.completed >= 1
     job.stop()
     await running
+
+
+async def test_a_held_reply_asks_for_a_checkpoint(tmp_path: Path) -> None:
+    """With checkpoints a minute apart, a call still gets its reply at once: the held reply
+    asks for a checkpoint within reply_checkpoint_delay_ms."""
+    job = Job(
+        ModuleSpec(endpoints=(embedded(),)),
+        Settings(checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_interval_ms=60_000),
+        sinks=[FileSink("test/out", tmp_path / "out.jsonl")],
+    )
+    source = HttpSource("test/http", port=0, replies=job.replies, log_calls=False)
+    job.sources = [source]
+    running = asyncio.create_task(job.run())
+    url = await wait_port(source)
+    headers = {"Content-Type": "text/plain"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for expected in ("1", "2", "3"):
+            async with http.post(f"{url}/call/test/counter/b", data="x", headers=headers) as r:
+                assert r.status == 200 and await r.text() == expected
+    assert job.checkpoints is not None and job.checkpoints.completed == 3
+    job.stop()
+    await running
+
+
+async def test_calls_outside_the_wal_take_effect_once_a_reply_is_sent(tmp_path: Path) -> None:
+    """reply_release=on-checkpoint: calls skip the WAL. A call whose reply arrived has its
+    effect in the restored state exactly once; one that got no reply left nothing behind."""
+
+    def call_job() -> tuple[Job, HttpSource]:
+        job = Job(
+            ModuleSpec(endpoints=(embedded(),)),
+            Settings(
+                checkpoint_dir=str(tmp_path / "checkpoints"),
+                checkpoint_interval_ms=60_000,
+                dead_letter_path=str(tmp_path / "dead.jsonl"),
+            ),
+            sinks=[FileSink("test/out", tmp_path / "out.jsonl")],
+        )
+        source = HttpSource(
+            "test/http", port=0, replies=job.replies, wal_dir=tmp_path / "wal", log_calls=False
+        )
+        job.sources = [source]
+        return job, source
+
+    job, source = call_job()
+    crash_now = asyncio.Event()
+
+    def hook(name: str, checkpoint_id: int) -> None:
+        if name == "cut" and crash_now.is_set():
+            raise SimulatedCrash("crash while a call waits for its checkpoint")
+
+    job.checkpoint_hook = hook
+    running = asyncio.create_task(job.run())
+    url = await wait_port(source)
+    headers = {"Content-Type": "text/plain"}
+    replies: list[str] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for n in range(12):
+            if n == 10:
+                crash_now.set()
+            try:
+                async with http.post(f"{url}/call/test/counter/c", data="x", headers=headers) as r:
+                    if r.status == 200:
+                        replies.append(await r.text())
+            except aiohttp.ClientError:
+                break
+    with pytest.raises(JobFailedError):
+        await running
+    assert replies == [str(n) for n in range(1, 11)]
+    assert source.position == 0  # nothing went through the WAL
+    # Restart: the next call sees exactly the ten calls that were answered.
+    job, source = call_job()
+    running = asyncio.create_task(job.run())
+    url = await wait_port(source)
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+        http.post(f"{url}/call/test/counter/c", data="x", headers=headers) as r,
+    ):
+        assert r.status == 200 and await r.text() == "11"
+    job.stop()
+    await running
