@@ -103,7 +103,8 @@ class Sink(abc.ABC):
         """Accept a record (buffered; must not block the event loop)."""
 
     async def flush(self) -> None:  # noqa: B027 - optional hook
-        """Push buffered records out."""
+        """Push buffered records out (every 50 ms; a transactional sink may send them into
+        its open transaction, never make them visible)."""
 
     async def close(self) -> None:
         """Flush and release resources."""

@@ -12,17 +12,51 @@ no key. A record that is not one is logged and sent to the dead-letter topic if
   raises, and the job stops). ``pre_commit`` returns the records not acknowledged yet and
   ``recover`` produces them again (for a coordinator that calls them on non-transactional
   sinks; today's calls them only on transactional ones, see docs/kafka.md).
-* ``exactly-once`` (``transactional``): records wait for the checkpoint. ``pre_commit(N)`` seals
-  those written since the last cut as transaction N and returns every sealed, uncommitted
-  transaction as the checkpoint's state. ``commit(N)`` produces each of them, oldest first, in
-  one Kafka transaction (``transactional.id``: the property, else ``<egress id>-pystatefun``)
-  that also commits a marker - offset N, with the sink instance's random *lineage* id as its
-  metadata - for the consumer group ``<transactional id>-commits`` on partition 0 of the
-  transaction's first topic. ``recover(state)`` reads the markers: a marker of the same lineage
-  at N or later means transaction N reached Kafka (one sink instance commits in checkpoint
-  order); otherwise it is produced and committed now. kafka-python cannot resume another
-  process's transaction, so the marker is what makes a commit that a crash interrupted
-  exactly-once. Lineages keep checkpoint ids of different runs apart (ids may start again).
+* ``exactly-once`` (``transactional``): a two-phase commit, as Flink's Kafka sink does. Records
+  are produced as they come - on each ``flush``, which the job calls every 50 ms - into an
+  open Kafka transaction, invisible to
+  ``read_committed`` readers. ``pre_commit(N)`` (the cut) seals the records written since the
+  previous cut as transaction N: it hands the last of them to N's producer and has it wait for
+  the broker's acknowledgements, and it returns every sealed, uncommitted transaction's rows as
+  the checkpoint's state. ``commit(N)`` only adds a marker - offset N, with the sink instance's
+  random *lineage* id as metadata, for the consumer group ``<base>-commits`` on partition 0 of
+  the transaction's first topic - and commits the Kafka transaction.
+
+  **Two producers.** Records written after the cut of N belong to N+1 and must not enter N's
+  Kafka transaction (committing N would show them), yet they are produced while N waits for
+  its checkpoint. A Kafka producer has one transaction at a time, so the sink keeps two
+  transactional producers, *slots* 0 and 1 (``transactional.id`` ``<base>-0`` and
+  ``<base>-1``; base: the ``transactional.id`` property, else ``<egress id>-pystatefun``), and
+  the transaction that fills after a cut takes the slot that no sealed transaction holds.
+  Checkpoints never overlap (N+1 is cut only after N committed), so the slots simply alternate
+  and two are enough. If a checkpoint fails after its cut and the job goes on (a savepoint to a
+  bad folder), a cut can find both slots sealed: the new transaction's records then wait in
+  memory until a commit frees a slot (they are never put into a sealed transaction), and
+  ``commit(M)`` commits the sealed transactions up to M one by one, oldest first. A pool of
+  producers per checkpoint (Flink's) would do too, but each new transactional id costs an
+  ``init_transactions`` and a broker-side entry; ids that are always the same two are also
+  the ones the next run must fence.
+
+  Waiting for the acknowledgements at the cut puts every record of N in the log before any of
+  N+1 (both producers run on one thread, in call order): a ``read_committed`` reader stops at
+  the first record of a transaction still open, so N+1's open transaction cannot hide a late
+  record of N once N commits.
+
+  **Recovery.** ``start`` creates both producers; ``init_transactions`` fences a previous
+  process's producers with the same ids, aborting their open transactions (N+1's records:
+  produced again by the replay) or waiting for a commit that was under way. ``recover(state)``
+  then reads the markers: a marker of the same lineage at N or later means transaction N
+  reached Kafka (one sink instance commits in checkpoint order); otherwise its rows, from the
+  checkpoint, are produced and committed now. kafka-python cannot resume another process's
+  transaction, so the marker is what makes a commit that a crash interrupted exactly-once.
+  Lineages keep checkpoint ids of different runs apart (ids may start again). A state written
+  before the two slots existed (no ``format``) also has the old single id ``<base>`` fenced.
+
+  **Failures.** A producer call or a record that fails in a transaction marks the sink
+  failed: nothing more is produced or committed (a new producer would abort the transaction
+  and commit the rest without the lost records), and ``commit`` raises, so the job stops and
+  restarts from its last checkpoint. ``close`` aborts transactions still open, with the
+  producers' own epoch, so a zombie never fences a newer run.
 
 kafka-python is blocking: every producer call runs on one dedicated thread, in call order.
 See docs/kafka.md.
@@ -31,10 +65,13 @@ See docs/kafka.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
@@ -59,6 +96,25 @@ Transaction = tuple[int, str, list[Row]]
 Semantic = Literal["at-least-once", "exactly-once", "none"]
 _T = TypeVar("_T")
 _SEND_TIMEOUT_S = 120.0
+#: How often an exactly-once sink produces new records into its open transaction.
+#: How long ``close`` waits for the abort of a transaction still open.
+_ABORT_TIMEOUT_S = 5.0
+#: The exactly-once checkpoint state's ``format``: 2, one transactional id per slot.
+_STATE_FORMAT = 2
+_SLOTS = (0, 1)
+
+
+@dataclass
+class _Sealed:
+    """An exactly-once transaction sealed at a cut and not committed yet."""
+
+    lineage: str
+    rows: list[Row]
+    #: the producer slot whose open Kafka transaction holds the rows; None: none yet (no slot
+    #: was free), they are produced at the commit
+    slot: int | None
+    #: the producer thread's work that produces the last rows and waits for their acks
+    sent: concurrent.futures.Future[None] | None
 
 
 class KafkaSink(Sink):
@@ -84,7 +140,9 @@ class KafkaSink(Sink):
         self.semantic: Semantic = delivery_semantic
         self.transactional = delivery_semantic == "exactly-once"
         self.dead_letter_topic = props.get(DEAD_LETTER_TOPIC) or None
+        #: the base of the producers' transactional ids (and of the marker group's name)
         self.transactional_id = props.get("transactional.id") or f"{egress_id}-pystatefun"
+        self.transactional_ids = tuple(f"{self.transactional_id}-{slot}" for slot in _SLOTS)
         self.commit_group = f"{self.transactional_id}-commits"
         config = kafka_client_config(props, kafka.KafkaProducer.DEFAULT_CONFIG, owner=owner)
         config.pop("transactional_id", None)
@@ -92,7 +150,6 @@ class KafkaSink(Sink):
         self._plain_config = config
         self._transactional_config = {
             **config,
-            "transactional_id": self.transactional_id,
             "enable_idempotence": True,
             "acks": "all",
             "transaction_timeout_ms": int(transaction_timeout.total_seconds() * 1000),
@@ -105,13 +162,20 @@ class KafkaSink(Sink):
             group_id=self.commit_group,
             enable_auto_commit=False,
         )
-        self._buffer: list[Row] = []
+        self._buffer: list[Row] = []  # written, not handed to a producer yet
         self._in_flight: list[Row] = []  # at-least-once: being produced by flush
-        # exactly-once: sealed, not committed yet: checkpoint id -> (lineage, rows). The lineage
-        # is this instance's: within it, checkpoint ids only grow and commit in order.
+        # exactly-once, event-loop side. The lineage is this instance's: within it, checkpoint
+        # ids only grow and commit in order.
         self._lineage = uuid.uuid4().hex
-        self._pending: dict[int, tuple[str, list[Row]]] = {}
-        self._producers: dict[bool, Any] = {}  # transactional? -> KafkaProducer
+        self._open: list[Row] = []  # the filling transaction's rows handed to its producer
+        self._slot: int | None = 0  # the filling transaction's producer slot; None: none free
+        self._pending: dict[int, _Sealed] = {}  # sealed, not committed yet: by checkpoint id
+        # The producer thread's own.
+        self._plain: Any = None  # KafkaProducer (at-least-once, none)
+        self._tx_producers: list[Any] = [None for _ in _SLOTS]  # KafkaProducer per slot
+        self._tx_open = [False for _ in _SLOTS]  # a transaction begun, not committed
+        self._tx_errors: list[list[BaseException]] = [[] for _ in _SLOTS]  # failed records
+        self._failed: BaseException | None = None  # a transaction failed: nothing more commits
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-sink-{egress_id}")
         self.produced = 0
         self.rejected = 0
@@ -130,12 +194,12 @@ class KafkaSink(Sink):
         return f"KafkaSink({self.egress_id}, {self.semantic})"
 
     def backlog(self) -> int:
-        return len(self._buffer) + self.uncommitted
+        return len(self._buffer) + len(self._open) + self.uncommitted
 
     @property
     def uncommitted(self) -> int:
         """Records in sealed transactions that are not committed yet (exactly-once)."""
-        return sum(len(rows) for _, rows in self._pending.values())
+        return sum(len(sealed.rows) for sealed in self._pending.values())
 
     # -- write ------------------------------------------------------------------------------------
 
@@ -171,38 +235,118 @@ class KafkaSink(Sink):
     async def start(self) -> None:
         if self.transactional:
             # init_transactions takes seconds the first time: pay it at start, not at the
-            # first commit (and fail early if the broker cannot be reached).
-            await self._call(self._producer, True)
+            # first commit (and fail early if the broker cannot be reached). It also fences the
+            # previous run's producers, aborting the transactions they left open.
+            await self._call(self._init_transactional)
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _producer(self, transactional: bool) -> Any:
-        producer = self._producers.get(transactional)
-        if producer is None:
-            kafka = import_kafka()
-            config = self._transactional_config if transactional else self._plain_config
-            try:
-                producer = kafka.KafkaProducer(**config)
-            except kafka.errors.KafkaError as exc:
-                raise ConnectionError(
-                    f"egress {self.egress_id}: cannot reach Kafka at {self.bootstrap_servers}: "
-                    f"{exc}"
-                ) from exc
-            if transactional:
-                # Fences an older producer with this id; aborts its open transaction, or waits
-                # until its prepared commit is complete.
-                producer.init_transactions()
-            self._producers[transactional] = producer
+    def _new_producer(self, config: dict[str, Any]) -> Any:
+        kafka = import_kafka()
+        try:
+            return kafka.KafkaProducer(**config)
+        except kafka.errors.KafkaError as exc:
+            raise ConnectionError(
+                f"egress {self.egress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
+            ) from exc
+
+    def _plain_producer(self) -> Any:
+        if self._plain is None:
+            self._plain = self._new_producer(self._plain_config)
+        return self._plain
+
+    def _transactional_producer(self, transactional_id: str) -> Any:
+        """A producer with ``transactional_id`` after ``init_transactions``: that fences an
+        older producer with this id, aborts its open transaction, or waits until its prepared
+        commit is complete."""
+        producer = self._new_producer(
+            {**self._transactional_config, "transactional_id": transactional_id}
+        )
+        try:
+            producer.init_transactions()
+        except BaseException:
+            _close_quietly(producer, 0)
+            raise
         return producer
 
-    def _drop_producer(self, transactional: bool) -> None:
-        producer = self._producers.pop(transactional, None)
-        if producer is not None:
-            try:
-                producer.close(timeout=5)
-            except Exception as exc:
-                log.debug("egress %s: closing a failed producer: %s", self.egress_id, exc)
+    def _tx_producer(self, slot: int) -> Any:
+        if self._failed is not None:
+            raise ConnectionError(
+                f"egress {self.egress_id}: a Kafka transaction failed: nothing more is "
+                f"committed until the job restarts from its checkpoint ({self._failed!r})"
+            ) from self._failed
+        producer = self._tx_producers[slot]
+        if producer is None:
+            producer = self._transactional_producer(self.transactional_ids[slot])
+            self._tx_producers[slot] = producer
+        return producer
+
+    def _init_transactional(self) -> None:
+        for slot in _SLOTS:
+            self._tx_producer(slot)
+
+    def _begin(self, slot: int) -> Any:
+        """Slot ``slot``'s producer, in a transaction."""
+        producer = self._tx_producer(slot)
+        if not self._tx_open[slot]:
+            producer.begin_transaction()
+            self._tx_open[slot] = True
+            self._tx_errors[slot] = []
+        return producer
+
+    def _tx_produce(self, producer: Any, slot: int, rows: list[Row]) -> None:
+        errors = self._tx_errors[slot]
+        for row in rows:
+            self._send(producer, row).add_errback(errors.append)
+
+    def _tx_wait(self, producer: Any, slot: int) -> None:
+        """Wait until the broker acknowledged every record of slot ``slot``'s transaction."""
+        producer.flush(timeout=_SEND_TIMEOUT_S)
+        errors = self._tx_errors[slot]
+        if errors:
+            raise ConnectionError(
+                f"egress {self.egress_id}: {len(errors)} record(s) of a transaction not "
+                f"acknowledged by Kafka: {errors[0]!r}"
+            )
+
+    def _tx_send(self, slot: int, rows: list[Row], wait: bool) -> None:
+        """Produce ``rows`` into slot ``slot``'s transaction (begun if need be); with ``wait``,
+        wait for the acknowledgements of all of its records."""
+        try:
+            producer = self._begin(slot)
+            self._tx_produce(producer, slot, rows)
+            if wait:
+                self._tx_wait(producer, slot)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _tx_commit(
+        self, slot: int, checkpoint_id: int, lineage: str, marker_topic: str, unsent: list[Row]
+    ) -> None:
+        """Produce ``unsent`` into slot ``slot``'s transaction, add the marker, commit."""
+        kafka = import_kafka()
+        try:
+            producer = self._begin(slot)
+            self._tx_produce(producer, slot, unsent)
+            self._tx_wait(producer, slot)
+            marker = kafka.TopicPartition(marker_topic, 0)
+            offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
+            producer.send_offsets_to_transaction(offsets, self.commit_group)
+            producer.commit_transaction()
+            self._tx_open[slot] = False
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _fail(self, error: BaseException) -> None:
+        """A transaction failed: its records may be lost, so none may commit any more (a new
+        producer would abort it and commit only what comes next). The producers stay, for
+        ``close`` to abort their transactions."""
+        if self._failed is None:
+            self._failed = error
+            log.error("egress %s: a Kafka transaction failed: %r", self.egress_id, error)
 
     @staticmethod
     def _send(producer: Any, row: Row | list[Any]) -> Any:
@@ -215,7 +359,7 @@ class KafkaSink(Sink):
         )
 
     def _produce(self, rows: list[Row], wait: bool) -> None:
-        producer = self._producer(False)
+        producer = self._plain_producer()
         if not wait:
             failed = 0
             for row in rows:
@@ -240,26 +384,16 @@ class KafkaSink(Sink):
                 f"acknowledged by Kafka: {errors[0]!r}"
             )
 
-    def _commit_transaction(self, checkpoint_id: int, lineage: str, rows: list[Row]) -> None:
-        kafka = import_kafka()
-        producer = self._producer(True)
-        marker = kafka.TopicPartition(rows[0][0], 0)
-        try:
-            producer.begin_transaction()
-            for row in rows:
-                self._send(producer, row)
-            offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
-            producer.send_offsets_to_transaction(offsets, self.commit_group)
-            producer.commit_transaction()
-        except Exception:
-            # The next producer's init_transactions aborts whatever this one left open.
-            self._drop_producer(True)
-            raise
-
-    def _recover_transactions(self, transactions: list[Transaction]) -> int:
+    def _recover_transactions(
+        self, transactions: list[Transaction], slot: int, legacy: bool
+    ) -> int:
         """Commit the transactions (oldest first) that did not reach Kafka; how many."""
         kafka = import_kafka()
-        self._producer(True)  # init_transactions first: a commit in progress completes
+        # init_transactions first (start() did, unless it was not called): a commit in
+        # progress completes, an open transaction is aborted.
+        self._init_transactional()
+        if legacy:  # the single transactional id of the runs before the two slots
+            _close_quietly(self._transactional_producer(self.transactional_id), 10)
         consumer = kafka.KafkaConsumer(**self._consumer_config)
         try:
             markers = {}
@@ -278,18 +412,52 @@ class KafkaSink(Sink):
                 done = index + 1
                 break
         for cid, lineage, rows in transactions[done:]:
-            self._commit_transaction(cid, lineage, rows)
+            self._tx_commit(slot, cid, lineage, rows[0][0], rows)
         return len(transactions) - done
 
     def _close_producers(self) -> None:
-        for transactional in list(self._producers):
-            producer = self._producers.pop(transactional)
+        for slot in _SLOTS:
+            producer, self._tx_producers[slot] = self._tx_producers[slot], None
+            if producer is None:
+                continue
+            if self._tx_open[slot]:
+                self._abort(producer, slot)
+            _close_quietly(producer, 10)
+        producer, self._plain = self._plain, None
+        if producer is not None:
             producer.close(timeout=10)
+
+    def _abort(self, producer: Any, slot: int) -> None:
+        """Abort slot ``slot``'s open transaction, so that readers need not wait for its
+        timeout. With the producer's own epoch: a producer that a newer run fenced fails here
+        and fences nobody. abort_transaction has no timeout: it runs on a daemon thread."""
+        self._tx_open[slot] = False
+
+        def abort() -> None:
+            try:
+                producer.abort_transaction()
+            except Exception as exc:
+                log.debug("egress %s: aborting an open transaction: %r", self.egress_id, exc)
+
+        thread = threading.Thread(target=abort, name=f"{self.egress_id}-abort", daemon=True)
+        thread.start()
+        thread.join(_ABORT_TIMEOUT_S)
+        if thread.is_alive():
+            log.warning(
+                "egress %s: the open transaction of %s could not be aborted in %.0f s; the "
+                "broker aborts it after transaction.timeout.ms, or the next run does",
+                self.egress_id,
+                self.transactional_ids[slot],
+                _ABORT_TIMEOUT_S,
+            )
 
     # -- flush and close --------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        if self.transactional or not self._buffer:
+        if self.transactional:
+            await self._produce_open()
+            return
+        if not self._buffer:
             return
         rows, self._buffer = self._buffer, []
         if self.semantic == "none":
@@ -306,13 +474,23 @@ class KafkaSink(Sink):
             self._in_flight = []
         self.produced += len(rows)
 
+    async def _produce_open(self) -> None:
+        """Exactly-once: hand the new records to the filling transaction's producer (they
+        stay in memory too, for the checkpoint)."""
+        slot = self._slot
+        if slot is None or not self._buffer:
+            return
+        rows, self._buffer = self._buffer, []
+        self._open.extend(rows)  # a copy: the producer thread reads ``rows``
+        await self._call(self._tx_send, slot, rows, False)
+
     async def close(self) -> None:
         try:
             if self.transactional:
-                waiting = len(self._buffer) + self.uncommitted
+                waiting = len(self._buffer) + len(self._open) + self.uncommitted
                 if waiting:
                     log.info(
-                        "egress %s: %d record(s) of uncommitted transactions not produced; "
+                        "egress %s: %d record(s) of uncommitted transactions not committed; "
                         "after a restart they are recovered or produced again",
                         self.egress_id,
                         waiting,
@@ -333,30 +511,68 @@ class KafkaSink(Sink):
 
     # -- checkpoints ------------------------------------------------------------------------------
 
+    def _free_slot(self) -> int | None:
+        used = {sealed.slot for sealed in self._pending.values()}
+        used.add(self._slot)
+        return next((slot for slot in _SLOTS if slot not in used), None)
+
+    def _next_slot(self) -> int | None:
+        """A slot for the filling transaction: a free one, unless a sealed transaction waits
+        for one (it must get the first: it commits first)."""
+        if any(sealed.slot is None for sealed in self._pending.values()):
+            return None
+        return self._free_slot()
+
     def pre_commit(self, checkpoint_id: int) -> Any:
         if not self.transactional:
             unacknowledged = self._in_flight + self._buffer
             return {"records": unacknowledged} if unacknowledged else None
-        if self._buffer:
-            self._pending[checkpoint_id] = (self._lineage, self._buffer)
-            self._buffer = []
+        if self._open or self._buffer:
+            rows = self._open + self._buffer
+            tail, self._buffer = self._buffer, []
+            self._open = []
+            slot = self._slot
+            sent = None
+            if slot is not None:
+                # The last rows of N, then the acknowledgements of all of N: on the producer
+                # thread, before anything of N+1 (no I/O here).
+                sent = self._executor.submit(self._tx_send, slot, tail, True)
+            self._pending[checkpoint_id] = _Sealed(self._lineage, rows, slot, sent)
+            self._slot = self._next_slot()
         if not self._pending:
             return None
         return {
+            "format": _STATE_FORMAT,
             "transactions": [
-                [cid, lineage, rows] for cid, (lineage, rows) in sorted(self._pending.items())
-            ]
+                [cid, sealed.lineage, sealed.rows] for cid, sealed in sorted(self._pending.items())
+            ],
         }
 
     async def commit(self, checkpoint_id: int) -> None:
         for cid in sorted(c for c in self._pending if c <= checkpoint_id):
-            lineage, rows = self._pending[cid]
-            await self._call(self._commit_transaction, cid, lineage, rows)
-            del self._pending[cid]
-            self.produced += len(rows)
-            log.debug(
-                "egress %s: transaction %d committed (%d record(s))", self.egress_id, cid, len(rows)
+            sealed = self._pending[cid]
+            if sealed.sent is not None:
+                await asyncio.wrap_future(sealed.sent)
+            unsent: list[Row] = []
+            if sealed.slot is None:
+                sealed.slot = self._free_slot()
+                if sealed.slot is None:  # cannot happen: the older ones are committed
+                    raise RuntimeError(f"egress {self.egress_id}: no producer for {cid}")
+                unsent = sealed.rows
+            marker_topic = sealed.rows[0][0]
+            await self._call(
+                self._tx_commit, sealed.slot, cid, sealed.lineage, marker_topic, unsent
             )
+            del self._pending[cid]
+            self.produced += len(sealed.rows)
+            log.debug(
+                "egress %s: transaction %d committed (%d record(s))",
+                self.egress_id,
+                cid,
+                len(sealed.rows),
+            )
+        if self._slot is None:
+            self._slot = self._next_slot()
 
     async def recover(self, state: Any) -> None:
         if not state:
@@ -378,7 +594,11 @@ class KafkaSink(Sink):
         ]
         if not transactions:
             return
-        committed = await self._call(self._recover_transactions, transactions)
+        slot = self._free_slot()
+        if slot is None:
+            raise RuntimeError(f"egress {self.egress_id}: recover() after a checkpoint's cut")
+        legacy = "format" not in state
+        committed = await self._call(self._recover_transactions, transactions, slot, legacy)
         for cid, _, _ in transactions:
             self._pending.pop(cid, None)
         log.info(
@@ -388,6 +608,13 @@ class KafkaSink(Sink):
             committed,
             len(transactions) - committed,
         )
+
+
+def _close_quietly(producer: Any, timeout: float) -> None:
+    try:
+        producer.close(timeout=timeout)
+    except Exception as exc:
+        log.debug("closing a Kafka producer: %r", exc)
 
 
 def _row(row: Any) -> Row:

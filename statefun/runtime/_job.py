@@ -433,9 +433,10 @@ class Job:
 
     async def _flush_sinks(self) -> None:
         for sink in self.sinks.values():
-            if not sink.transactional:
+            if not sink.transactional or self.checkpoints is not None:
+                # A transactional sink may send into its open transaction (Kafka does).
                 await sink.flush()
-            elif self.checkpoints is None:
+            else:
                 # No checkpoints: a transactional sink commits what it has at every flush.
                 self._auto_commit += 1
                 sink.pre_commit(self._auto_commit)

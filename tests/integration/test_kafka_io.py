@@ -40,6 +40,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import NewTopic
+    from kafka.errors import KafkaError
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(90)]
 
@@ -140,7 +141,9 @@ def values(records: list[Record]) -> list[str]:
 # -- end to end: Kafka -> functions -> Kafka ------------------------------------------------------
 
 
-def module_yaml(bootstrap: str, topic: str, group: str, endpoint: str) -> str:
+def module_yaml(
+    bootstrap: str, topic: str, group: str, endpoint: str, semantic: str = "at-least-once"
+) -> str:
     return f"""
 kind: io.statefun.kafka.v1/ingress
 spec:
@@ -160,15 +163,24 @@ spec:
   id: {EGRESS}
   address: {bootstrap}
   deliverySemantic:
-    type: at-least-once
+    type: {semantic}
+    transactionTimeout: 1min
 ---
 {endpoint}
 """
 
 
-@pytest.mark.parametrize("where", ["embedded", "remote"])
+@pytest.mark.parametrize(
+    ("where", "semantic"),
+    [
+        ("embedded", "at-least-once"),
+        ("remote", "at-least-once"),
+        # without checkpoints: a transaction per flush of the job (every 50 ms)
+        ("embedded", "exactly-once"),
+    ],
+)
 async def test_records_through_functions_to_kafka(
-    where: str, bootstrap: str, admin: Any, tmp_path: Path
+    where: str, semantic: str, bootstrap: str, admin: Any, tmp_path: Path
 ) -> None:
     source_topic = create_topic(admin, "in", partitions=3)
     out = create_topic(admin, "out")
@@ -186,7 +198,7 @@ async def test_records_through_functions_to_kafka(
             f"  urlPathTemplate: {server.url}"
         )
     group = unique("group")
-    module = load_module_text(module_yaml(bootstrap, source_topic, group, endpoint))
+    module = load_module_text(module_yaml(bootstrap, source_topic, group, endpoint, semantic))
     job = build_job(module, Settings(dead_letter_path=str(tmp_path / "dead.jsonl")))
     (source,) = job.sources
     assert isinstance(source, KafkaSource)
@@ -558,38 +570,244 @@ async def test_exactly_once_two_phase_commit_and_recovery(bootstrap: str, admin:
     assert await asyncio.to_thread(seen) == ["a0", "a1", "a2", "b0", "b1", "d0"]
 
 
-async def test_exactly_once_commit_interrupted_by_a_crash(bootstrap: str, admin: Any) -> None:
+def eo_sink(bootstrap: str, transactional_id: str) -> KafkaSink:
+    properties = {"transactional.id": transactional_id}
+    return KafkaSink(EGRESS, bootstrap, "exactly-once", properties=properties)
+
+
+def crash(sink: KafkaSink) -> None:
+    """As if the process died: nothing calls ``sink`` any more (its producers stay as they
+    are, transactions open; ``close`` it at the end of the test). Only the job calls
+    ``flush``, so this marks the moment and leaves the sink alone."""
+
+
+def committed(bootstrap: str, topic: str) -> list[str]:
+    """What a read_committed reader sees (up to the last stable offset)."""
+    return values(consume(bootstrap, topic))
+
+
+def in_log(bootstrap: str, topic: str, count: int | None = None) -> list[str]:
+    """Every record in the log, committed, aborted or in an open transaction."""
+    return values(consume(bootstrap, topic, count=count, isolation_level="read_uncommitted"))
+
+
+async def test_exactly_once_records_go_to_an_open_transaction_visible_at_commit(
+    bootstrap: str, admin: Any
+) -> None:
+    """Records are produced into the open transaction before the checkpoint; committing N
+    shows exactly N's records, not those written after N's cut (already in Kafka, in the
+    other producer's transaction)."""
+    topic = create_topic(admin, "eo-open")
+    sink = eo_sink(bootstrap, unique("tx"))
+    await sink.start()
+    try:
+        first = [f"a{i}" for i in range(7)]
+        for value in first[:5]:
+            sink.write(kafka_record(topic, value))
+        await sink.flush()  # into the open transaction of checkpoint 1
+        assert await asyncio.to_thread(in_log, bootstrap, topic, 5) == first[:5]
+        assert await asyncio.to_thread(committed, bootstrap, topic) == []
+        for value in first[5:]:
+            sink.write(kafka_record(topic, value))  # the tail: produced at the cut
+        state = sink.pre_commit(1)
+        assert state["format"] == 2
+        assert [(cid, [r[2] for r in rows]) for cid, _, rows in state["transactions"]] == [
+            (1, [v.encode() for v in first])
+        ]
+        second = ["b0", "b1", "b2"]
+        for value in second:
+            sink.write(kafka_record(topic, value))  # after the cut: transaction 2
+        await sink.flush()
+        assert sorted(await asyncio.to_thread(in_log, bootstrap, topic, 10)) == first + second
+        assert await asyncio.to_thread(committed, bootstrap, topic) == []
+        assert sink.backlog() == 10 and sink.uncommitted == 7
+
+        await sink.commit(1)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == first
+        assert sink.produced == 7 and sink.backlog() == 3
+        await sink.commit(1)  # nothing left to commit for 1
+        assert sink.pre_commit(2) is not None
+        await sink.commit(2)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == first + second
+
+        sink.write(kafka_record(topic, "c0"))  # a third transaction: the first producer again
+        sink.pre_commit(3)
+        await sink.commit(3)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == [*first, *second, "c0"]
+        assert sink.pre_commit(4) is None and sink.produced == 11
+    finally:
+        await sink.close()
+    assert await asyncio.to_thread(in_log, bootstrap, topic) == [*first, *second, "c0"]
+
+
+async def test_exactly_once_crash_with_an_open_transaction(bootstrap: str, admin: Any) -> None:
+    """A crash while records of the next checkpoint are in an open transaction: the next run's
+    start aborts it, recover() commits nothing twice, and the replayed records come once."""
+    topic = create_topic(admin, "eo-open-crash")
+    transactional_id = unique("tx")
+    first = eo_sink(bootstrap, transactional_id)
+    await first.start()
+    second = eo_sink(bootstrap, transactional_id)
+    try:
+        first.write(kafka_record(topic, "a0"))
+        state = first.pre_commit(1)
+        await first.commit(1)
+        for value in ("b0", "b1"):
+            first.write(kafka_record(topic, value))
+        await first.flush()
+        assert await asyncio.to_thread(in_log, bootstrap, topic, 3) == ["a0", "b0", "b1"]
+        crash(first)  # before the cut of 2: the restart is from checkpoint 1
+
+        await second.start()  # fences the first run's producers: b0, b1 aborted
+        await second.recover(state)  # transaction 1 reached Kafka: nothing to do
+        assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0"]
+        for value in ("b0", "b1", "c0"):  # the replay
+            second.write(kafka_record(topic, value))
+        second.pre_commit(2)
+        await second.commit(2)
+        # Visible at once: nothing is left open before them in the log.
+        assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "b0", "b1", "c0"]
+    finally:
+        await second.close()
+        await first.close()  # its abort is refused: it was fenced
+    assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "b0", "b1", "c0"]
+    assert await asyncio.to_thread(in_log, bootstrap, topic) == [
+        *["a0", "b0", "b1"],  # b0, b1: aborted
+        *["b0", "b1", "c0"],
+    ]
+
+
+async def test_exactly_once_crash_between_checkpoint_and_commit(bootstrap: str, admin: Any) -> None:
+    """Checkpoint 1 is complete but the process dies before commit(1), with 1's records in
+    one producer's open transaction and later ones in the other's: recover() aborts both and
+    produces 1 again, once."""
+    topic = create_topic(admin, "eo-precommit-crash")
+    transactional_id = unique("tx")
+    first = eo_sink(bootstrap, transactional_id)
+    await first.start()
+    second = eo_sink(bootstrap, transactional_id)
+    try:
+        for value in ("a0", "a1"):
+            first.write(kafka_record(topic, value))
+        await first.flush()
+        first.write(kafka_record(topic, "a2"))
+        state = first.pre_commit(1)
+        first.write(kafka_record(topic, "b0"))
+        await first.flush()
+        assert await asyncio.to_thread(in_log, bootstrap, topic, 4) == ["a0", "a1", "a2", "b0"]
+        crash(first)
+
+        await second.start()
+        await second.recover(state)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "a1", "a2"]
+        await second.recover(state)  # recovering twice (a crash during recovery) is harmless
+        second.write(kafka_record(topic, "b0"))  # the replay
+        second.pre_commit(2)
+        await second.commit(2)
+    finally:
+        await second.close()
+        await first.close()
+    assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "a1", "a2", "b0"]
+    assert await asyncio.to_thread(in_log, bootstrap, topic) == [
+        *["a0", "a1", "a2", "b0"],  # aborted
+        *["a0", "a1", "a2", "b0"],
+    ]
+
+
+async def test_exactly_once_sealed_transactions_wait_for_a_free_producer(
+    bootstrap: str, admin: Any
+) -> None:
+    """A checkpoint that fails after its cut (say a savepoint to a bad folder) and the job goes
+    on: two sealed transactions hold both producers; the records of the next wait in memory
+    until a commit frees one, and commit(2) commits 1 and 2 in order."""
+    topic = create_topic(admin, "eo-no-slot")
+    sink = eo_sink(bootstrap, unique("tx"))
+    await sink.start()
+    try:
+        sink.write(kafka_record(topic, "a0"))
+        sink.pre_commit(1)  # its checkpoint fails: commit(1) never comes
+        sink.write(kafka_record(topic, "b0"))
+        await sink.flush()
+        state = sink.pre_commit(2)
+        assert [cid for cid, _, _ in state["transactions"]] == [1, 2]
+        sink.write(kafka_record(topic, "c0"))
+        await sink.flush()  # no free producer: c0 stays in memory
+        await asyncio.sleep(0.2)  # the sink's own produce task does not send it either
+        assert await asyncio.to_thread(in_log, bootstrap, topic, 2) == ["a0", "b0"]
+        assert sink.backlog() == 3
+
+        await sink.commit(2)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "b0"]
+        await sink.flush()
+        assert await asyncio.to_thread(in_log, bootstrap, topic, 3) == ["a0", "b0", "c0"]
+        sink.pre_commit(3)
+        await sink.commit(3)
+        assert await asyncio.to_thread(committed, bootstrap, topic) == ["a0", "b0", "c0"]
+    finally:
+        await sink.close()
+
+
+async def test_exactly_once_failed_record_fails_the_commit(bootstrap: str, admin: Any) -> None:
+    """A record the broker refuses: the transaction's commit raises (the job stops), nothing
+    of it becomes visible, and the sink commits nothing any more."""
+    topic = unique("eo-refused")
+    config = {"max.message.bytes": "2000"}
+    await asyncio.to_thread(admin.create_topics, [NewTopic(topic, 1, 1, topic_configs=config)])
+    sink = eo_sink(bootstrap, unique("tx"))
+    await sink.start()
+    try:
+        sink.write(kafka_record(topic, "a0"))
+        sink.write(kafka_record(topic, "x" * 5000))  # too large for the topic
+        sink.write(kafka_record(topic, "a1"))
+        sink.pre_commit(1)
+        with pytest.raises((ConnectionError, KafkaError)):
+            await sink.commit(1)
+        assert sink.uncommitted == 3  # still held: the checkpoint has them
+        sink.write(kafka_record(topic, "b0"))
+        sink.pre_commit(2)
+        with pytest.raises((ConnectionError, KafkaError)):
+            await sink.commit(2)
+    finally:
+        await sink.close()
+    assert await asyncio.to_thread(committed, bootstrap, topic) == []
+
+
+@pytest.mark.parametrize("zombie", ["slot-0", "slot-1", "before-slots"])
+async def test_exactly_once_commit_interrupted_by_a_crash(
+    zombie: str, bootstrap: str, admin: Any
+) -> None:
     """The process died inside commit(): records sent, transaction open. The next process's
-    recover() aborts that transaction and commits the records exactly once."""
+    start and recover() abort that transaction and commit the records exactly once. Also
+    for a state written when the sink had a single transactional id (no ``format``)."""
     topic = create_topic(admin, "eo-crash")
     transactional_id = unique("tx")
-    properties = {"transactional.id": transactional_id}
-    writer = KafkaSink(EGRESS, bootstrap, "exactly-once", properties=properties)
+    writer = eo_sink(bootstrap, transactional_id)
     for i in range(3):
         writer.write(kafka_record(topic, f"x{i}"))
     state = writer.pre_commit(7)
-    await writer.close()
+    await writer.close()  # aborts what it produced
+    zombie_id = f"{transactional_id}-{zombie[-1]}"
+    if zombie == "before-slots":
+        zombie_id = transactional_id
+        del state["format"]
 
-    zombie = KafkaProducer(
-        bootstrap_servers=bootstrap, transactional_id=transactional_id, acks="all"
-    )
-    zombie.init_transactions()
-    zombie.begin_transaction()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=zombie_id, acks="all")
+    producer.init_transactions()
+    producer.begin_transaction()
     for i in range(3):
-        zombie.send(topic, f"x{i}".encode())
-    zombie.flush()
+        producer.send(topic, f"x{i}".encode())
+    producer.flush()
     try:
-        recovering = KafkaSink(EGRESS, bootstrap, "exactly-once", properties=properties)
+        recovering = eo_sink(bootstrap, transactional_id)
+        await recovering.start()
         await recovering.recover(state)
         await recovering.close()
     finally:
-        zombie.close(timeout=5)
+        producer.close(timeout=5)
 
-    assert await asyncio.to_thread(lambda: values(consume(bootstrap, topic))) == ["x0", "x1", "x2"]
-    everything = await asyncio.to_thread(
-        consume, bootstrap, topic, isolation_level="read_uncommitted"
-    )
-    assert len(everything) == 6  # the zombie's records are in the log, aborted
+    assert await asyncio.to_thread(committed, bootstrap, topic) == ["x0", "x1", "x2"]
+    everything = await asyncio.to_thread(in_log, bootstrap, topic)
+    assert len(everything) == 9  # the writer's and the zombie's records are in the log, aborted
 
 
 @pytest.mark.parametrize("step", ["written", "completed", "sink-committed"])
