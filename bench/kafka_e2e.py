@@ -11,8 +11,9 @@ is started for the run. Each scenario runs its processor as its own process:
               checkpoints every 1 s
   loop-eo     ceiling: the same loop with one Kafka transaction per second (records and
               consumed offsets)
-  sf-eo       pystatefun with an exactly-once egress: the records of each checkpoint are
-              committed in a Kafka transaction when it completes; checkpoints every 1 s
+  sf-eo       pystatefun with an exactly-once egress: the records of each checkpoint interval
+              go into an open Kafka transaction, committed when the checkpoint completes;
+              checkpoints every 1 s
 
 Two phases per scenario, one processor process:
 
