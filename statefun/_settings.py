@@ -39,6 +39,13 @@ class Settings:
             "ingresses wait (backpressure)"
         ),
     )
+    max_egress_backlog: int = field(
+        default=100_000,
+        metadata=_doc(
+            "records an egress may hold (buffered, or in transactions its checkpoints have not "
+            "committed yet) above which ingresses wait for a commit (backpressure)"
+        ),
+    )
     dispatcher_slice: int = field(
         default=512, metadata=_doc("messages a dispatcher handles before yielding to the loop")
     )
@@ -141,6 +148,8 @@ class Settings:
             raise ConfigurationError("max_parallelism can be at most 32768")
         if self.max_in_flight_messages < 1:
             raise ConfigurationError("max_in_flight_messages must be at least 1")
+        if self.max_egress_backlog < 1:
+            raise ConfigurationError("max_egress_backlog must be at least 1")
         if self.checkpoint_interval_ms < 10:
             raise ConfigurationError("checkpoint_interval_ms must be at least 10")
         if self.reply_checkpoint_delay_ms < 0:

@@ -420,7 +420,7 @@ class Job:
 
     def check_sink_backlog(self) -> None:
         """Close the sources' gate while a sink holds too many records; open it after."""
-        limit = self.settings.max_in_flight_messages
+        limit = self.settings.max_egress_backlog
         full = any(sink.backlog() > limit for sink in self.sinks.values())
         if full and not self._sinks_full:
             log.info("an egress holds more than %d records: ingresses wait for a commit", limit)
@@ -428,7 +428,8 @@ class Job:
             self._room.clear()
         elif not full and self._sinks_full:
             self._sinks_full = False
-            if not self._overfull_mailboxes and self.pending <= limit * 0.8:
+            in_flight = self.settings.max_in_flight_messages
+            if not self._overfull_mailboxes and self.pending <= in_flight * 0.8:
                 self._room.set()
 
     async def _flush_sinks(self) -> None:

@@ -175,7 +175,13 @@ async def test_a_batch_is_in_flight_from_the_moment_it_is_dispatched() -> None:
 async def test_records_waiting_for_a_commit_stop_the_sources(tmp_path: Path) -> None:
     """Backpressure from a transactional egress: its uncommitted records stay bounded."""
     write_input(tmp_path / "in.jsonl", ids=10, per_id=300)
-    job = make_job(tmp_path, embedded(), checkpoint_interval_ms=300, max_in_flight_messages=50)
+    job = make_job(
+        tmp_path,
+        embedded(),
+        checkpoint_interval_ms=300,
+        max_in_flight_messages=50,
+        max_egress_backlog=50,
+    )
     (sink,) = job.sinks.values()
     largest = 0
 
