@@ -25,6 +25,9 @@ steps (``CheckpointCoordinator.checkpoint``):
 When checkpoints start: every ``checkpoint_interval_ms`` (start to start), and sooner when
 ``request_soon`` asks (a held HTTP reply waits at most ``reply_checkpoint_delay_ms``).
 
+No checkpoint is cut once the job has failed: what failed may already be dropped (a batch
+under ``remote_failure_policy=fail``), so the restart goes back to a cut from before.
+
 Checkpoints never overlap: N+1 is cut only after N committed, so on recovery from N every
 earlier transaction is already committed and only N's may need finishing.
 
@@ -50,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from statefun._exceptions import ConfigurationError
+from statefun._exceptions import ConfigurationError, JobFailedError
 from statefun.checkpoint._codec import (
     decode_envelopes,
     decode_timers,
@@ -144,6 +147,8 @@ class CheckpointCoordinator:
                     await asyncio.wait_for(self._nudge.wait(), delay)
                 continue
             self._due = None
+            if self.job.failed:
+                return
             # A checkpoint that took longer than the interval delays the next one; none overlap.
             next_start = max(next_start + self.interval, loop.time())
             await self.checkpoint()
@@ -164,6 +169,11 @@ class CheckpointCoordinator:
 
     async def checkpoint(self, savepoint: bool = False) -> CompletedCheckpoint:
         async with self._lock:
+            if self.job.failed:
+                # After a failure, work that failed may already be dropped (a batch under
+                # remote_failure_policy=fail): a cut now would lose it for good. The restart
+                # goes back to the last checkpoint cut before the failure.
+                raise JobFailedError("the job failed: no checkpoint is taken after a failure")
             checkpoint_id = self._next_id
             self._next_id += 1
             # 1. Cut.

@@ -293,6 +293,11 @@ class Job:
         with path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
 
+    @property
+    def failed(self) -> bool:
+        """Whether the job failed (it is stopping; no checkpoint may be cut any more)."""
+        return self._failure is not None
+
     def fail(self, error: BaseException) -> None:
         if self._failure is None:
             self._failure = error

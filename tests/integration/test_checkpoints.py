@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from statefun.module._specs import (
     FunctionTarget,
     HttpEndpointSpec,
     ModuleSpec,
+    TransportSpec,
 )
 from statefun.runtime import Job
 from statefun.sdk._serve import start_server
@@ -198,3 +200,30 @@ async def test_records_waiting_for_a_commit_stop_the_sources(tmp_path: Path) -> 
         watcher.cancel()
     assert output(tmp_path / "out.jsonl") == expected(10, 300)
     assert 50 < largest < 400, largest
+
+
+async def test_no_checkpoint_after_a_failure(tmp_path: Path, unused_tcp_port: int) -> None:
+    """A batch that fails under remote_failure_policy=fail is dropped while the job stops; a
+    checkpoint cut in that window would restart the job without it. None is cut."""
+    write_input(tmp_path / "in.jsonl", ids=3, per_id=5)
+    down = HttpEndpointSpec(
+        FunctionTarget("test", None),
+        f"http://127.0.0.1:{unused_tcp_port}/statefun",
+        transport=TransportSpec(
+            call=timedelta(milliseconds=300), connect=timedelta(milliseconds=50)
+        ),
+    )
+    job = make_job(tmp_path, down, checkpoint_interval_ms=60_000)
+    running = asyncio.create_task(job.run())
+    for _ in range(500):  # until the first batch failed for good
+        if job.failed:
+            break
+        await asyncio.sleep(0.01)
+    assert job.failed
+    assert job.checkpoints is not None
+    before = job.checkpoints.completed
+    with pytest.raises(JobFailedError, match="no checkpoint is taken after a failure"):
+        await job.checkpoints.checkpoint()
+    assert job.checkpoints.completed == before
+    with pytest.raises(JobFailedError):
+        await running
