@@ -24,6 +24,7 @@ import collections
 import re
 import ssl
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["HttpPool", "ProtocolError", "Response", "ResponseTooLarge", "Target", "parse_target"]
@@ -54,10 +55,20 @@ class Target:
     origin: tuple[str, str, int | str]  # (scheme, host, port) or (scheme, "", socket path)
     tls: bool
     head: bytes  # the request line and headers, up to "Content-Length: "
+    context: ssl.SSLContext | None = None  # TLS settings (None: the system's trust store)
+    ttl: float = 0.0  # seconds a connection may be reused; 0: no limit
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What pooled connections are shared by: the origin and the TLS settings."""
+        return (self.origin, self.context)
 
 
-def parse_target(url: str) -> Target:
-    """The ``Target`` of ``url``; ValueError naming the problem if it cannot be called."""
+def parse_target(url: str, context: ssl.SSLContext | None = None, ttl: float = 0.0) -> Target:
+    """The ``Target`` of ``url``; ValueError naming the problem if it cannot be called.
+
+    ``context`` verifies ``https`` servers (and may hold a client certificate); ``ttl`` bounds
+    how long one connection is reused."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
@@ -90,15 +101,17 @@ def parse_target(url: str) -> Target:
         "Content-Type: application/octet-stream\r\nUser-Agent: pystatefun\r\n"
         "Content-Length: "
     ).encode("latin-1")
-    return Target(origin, tls, head)
+    return Target(origin, tls, head, context if tls else None, ttl)
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request on it at a time."""
 
-    def __init__(self, pool: HttpPool, origin: tuple[str, str, int | str]) -> None:
+    def __init__(self, pool: HttpPool, key: tuple[Any, ...]) -> None:
         self.pool = pool
-        self.origin = origin
+        self.key = key
+        self.created = pool.loop.time()
+        self.limit = pool.max_response_bytes  # of the response being read
         self.counted = True  # holds one of the pool's connection slots
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Response] | None = None
@@ -206,8 +219,8 @@ class _Connection(asyncio.Protocol):
                 self._finish(bytes(buffer[start:]) if start else bytes(buffer))
         elif length == -2:
             self._parse_chunks()
-        elif len(buffer) - self.body_start > self.pool.max_response_bytes:
-            raise ResponseTooLarge(f"more than {self.pool.max_response_bytes} bytes")
+        elif len(buffer) - self.body_start > self.limit:
+            raise ResponseTooLarge(f"more than {self.limit} bytes")
 
     def _parse_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -231,10 +244,8 @@ class _Connection(asyncio.Protocol):
                 if length == -2:
                     continue  # chunked wins (RFC 9112 6.3)
                 length = int(value)
-                if length > self.pool.max_response_bytes:
-                    raise ResponseTooLarge(
-                        f"{length} bytes, more than the limit of {self.pool.max_response_bytes}"
-                    )
+                if length > self.limit:
+                    raise ResponseTooLarge(f"{length} bytes, more than the limit of {self.limit}")
             elif name == b"transfer-encoding":
                 if value.strip().lower().endswith(b"chunked"):
                     length = -2
@@ -254,7 +265,7 @@ class _Connection(asyncio.Protocol):
     def _parse_chunks(self) -> None:
         buffer = self.buffer
         pos = self.body_start
-        limit = self.pool.max_response_bytes
+        limit = self.limit
         while True:
             line_end = buffer.find(b"\r\n", pos)
             if line_end < 0:
@@ -298,7 +309,7 @@ class HttpPool:
         self.loop = asyncio.get_running_loop()
         self.max_connections = max_connections
         self.max_response_bytes = max_response_bytes
-        self._idle: dict[tuple[str, str, int | str], list[_Connection]] = {}
+        self._idle: dict[tuple[Any, ...], list[_Connection]] = {}
         self._open = 0
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._ssl: ssl.SSLContext | None = None
@@ -315,6 +326,7 @@ class HttpPool:
         connect_timeout: float,
         read_timeout: float,
         total_timeout: float,
+        max_response_bytes: int | None = None,
     ) -> Response:
         """POST ``body``; the response.
 
@@ -325,6 +337,7 @@ class HttpPool:
         deadline = loop.time() + total_timeout
         connection = await self._acquire(target, connect_timeout, deadline)
         waiter: asyncio.Future[Response] = loop.create_future()
+        connection.limit = max_response_bytes or self.max_response_bytes
         connection.send(target.head, body, waiter)
         timer = loop.call_at(
             min(loop.time() + read_timeout, deadline),
@@ -367,11 +380,9 @@ class HttpPool:
     async def _acquire(
         self, target: Target, connect_timeout: float, deadline: float
     ) -> _Connection:
-        idle = self._idle.get(target.origin)
-        while idle:
-            connection = idle.pop()
-            if not connection.closed:
-                return connection
+        connection = self._reuse(target)
+        if connection is not None:
+            return connection
         while self._open >= self.max_connections:
             self._close_one_idle()
             waiter: asyncio.Future[None] = self.loop.create_future()
@@ -387,13 +398,11 @@ class HttpPool:
                         f"all {self.max_connections} connections busy until the call timeout"
                     ) from None
                 raise
-            idle = self._idle.get(target.origin)
-            while idle:
-                connection = idle.pop()
-                if not connection.closed:
-                    return connection
+            connection = self._reuse(target)
+            if connection is not None:
+                return connection
         self._open += 1
-        connection = _Connection(self, target.origin)
+        connection = _Connection(self, target.key)
         connect_timeout = min(connect_timeout, max(0.0, deadline - self.loop.time()))
         try:
             await asyncio.wait_for(self._connect(target, connection), connect_timeout)
@@ -405,9 +414,23 @@ class HttpPool:
             raise
         return connection
 
+    def _reuse(self, target: Target) -> _Connection | None:
+        """An idle connection for ``target``, closing those past the target's ttl."""
+        idle = self._idle.get(target.key)
+        oldest = self.loop.time() - target.ttl if target.ttl > 0 else None
+        while idle:
+            connection = idle.pop()
+            if connection.closed:
+                continue
+            if oldest is not None and connection.created < oldest:
+                connection.abort()  # its connection_lost gives the slot back
+                continue
+            return connection
+        return None
+
     async def _connect(self, target: Target, connection: _Connection) -> None:
         _, host, where = target.origin
-        context = self._ssl_context() if target.tls else None
+        context = (target.context or self._ssl_context()) if target.tls else None
         if isinstance(where, str):
             hostname = "localhost" if context is not None else None
             await self.loop.create_unix_connection(
@@ -429,7 +452,7 @@ class HttpPool:
         if connection.closed or not connection.keep_alive or self._closing:
             connection.abort()
             return
-        self._idle.setdefault(connection.origin, []).append(connection)
+        self._idle.setdefault(connection.key, []).append(connection)
         if self._waiting:
             self._wake_one()
 
@@ -439,7 +462,7 @@ class HttpPool:
             return
         connection.counted = False
         self._open -= 1
-        idle = self._idle.get(connection.origin)
+        idle = self._idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)
         self._wake_one()

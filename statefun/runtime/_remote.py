@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -29,7 +31,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import encode_address, encode_typed_value, varint
 
-__all__ = ["RemoteClient", "decode_from_function", "encode_to_function"]
+__all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "tls_context"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,43 @@ def decode_from_function(data: bytes, typename: str) -> Any:
     return response
 
 
+def tls_context(transport: TransportSpec) -> ssl.SSLContext | None:
+    """The TLS settings of an endpoint's transport (None: the system's trust store, no client
+    certificate). ValueError or OSError naming the field and file that are wrong."""
+    fields = {
+        "trust_cacerts": transport.trust_cacerts,
+        "client_cert": transport.client_cert,
+        "client_key": transport.client_key,
+        "client_key_password": transport.client_key_password,
+    }
+    if not any(fields.values()):
+        return None
+    for name, value in fields.items():
+        if value and value.startswith("classpath:"):
+            raise ValueError(
+                f"transport.{name} {value!r}: classpath: names only mean something inside "
+                "StateFun's JVM; give a file path"
+            )
+    if bool(transport.client_cert) != bool(transport.client_key):
+        raise ValueError("transport.client_cert and transport.client_key go together")
+    try:
+        context = ssl.create_default_context(cafile=transport.trust_cacerts)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"transport.trust_cacerts {transport.trust_cacerts!r}: {exc}") from None
+    if transport.client_cert and transport.client_key:
+        password = None
+        if transport.client_key_password:
+            password = Path(transport.client_key_password).read_text(encoding="utf-8").strip()
+        try:
+            context.load_cert_chain(transport.client_cert, transport.client_key, password)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"transport.client_cert {transport.client_cert!r} / client_key "
+                f"{transport.client_key!r}: {exc}"
+            ) from None
+    return context
+
+
 class RemoteClient:
     """The pooled HTTP client for every remote function of the runtime (see ``_http``)."""
 
@@ -95,7 +134,7 @@ class RemoteClient:
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
         self._pool: HttpPool | None = None
-        self._targets: dict[str, Target] = {}
+        self._targets: dict[tuple[str, TransportSpec], Target] = {}
 
     async def start(self) -> None:
         if self._pool is None:
@@ -106,13 +145,15 @@ class RemoteClient:
             await self._pool.close()
             self._pool = None
 
-    def _target(self, url: str, typename: str) -> Target:
-        target = self._targets.get(url)
+    def _target(self, url: str, transport: TransportSpec, typename: str) -> Target:
+        target = self._targets.get((url, transport))
         if target is None:
             try:
-                target = self._targets[url] = parse_target(url)
-            except ValueError as exc:
+                context = tls_context(transport) if url.lower().startswith("https") else None
+                target = parse_target(url, context, transport.pool_ttl.total_seconds())
+            except (ValueError, OSError, ssl.SSLError) as exc:
                 raise TerminalFunctionError(f"function {typename}: {exc}") from None
+            self._targets[(url, transport)] = target
         return target
 
     async def call(self, url: str, body: bytes, transport: TransportSpec, typename: str) -> bytes:
@@ -121,7 +162,8 @@ class RemoteClient:
             await self.start()
         pool = self._pool
         assert pool is not None
-        target = self._target(url, typename)
+        target = self._target(url, transport, typename)
+        limit = min(self._max_response_bytes, transport.payload_max_bytes)
         call_timeout = transport.call.total_seconds()
         connect = transport.connect.total_seconds()
         read = transport.read.total_seconds()
@@ -134,10 +176,10 @@ class RemoteClient:
             remaining = deadline - time.monotonic() if attempt > 1 else call_timeout
             try:
                 if attempt == 1:
-                    response = await pool.post(target, body, connect, read, call_timeout)
+                    response = await pool.post(target, body, connect, read, call_timeout, limit)
                 else:
                     response = await pool.post(
-                        target, body, min(connect, remaining), read, max(0.001, remaining)
+                        target, body, min(connect, remaining), read, max(0.001, remaining), limit
                     )
                 if response.status == 200:
                     return response.body

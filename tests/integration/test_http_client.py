@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import ssl
+import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -760,3 +764,112 @@ async def test_cancelled_call_frees_its_connection(pool: HttpPool) -> None:
             await pending
         await asyncio.sleep(0.01)
         assert pool.open_connections == 0
+
+
+# -- TLS: https endpoints, private CAs, mutual TLS (certificates made by openssl) ------------
+
+
+def make_cert(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (and localhost) and its key."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt"),
+            *("ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", f"/CN={name}"),
+            *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key
+
+
+@contextlib.asynccontextmanager
+async def https_server(cert: Path, key: Path, client_ca: Path | None = None) -> AsyncIterator[str]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=b"secret " + await request.read())
+
+    app = web.Application()
+    app.router.add_post("/statefun", answer)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"https://127.0.0.1:{port}/statefun"
+    finally:
+        await runner.cleanup()
+
+
+def tls(**fields: Any) -> TransportSpec:
+    return replace(transport(call=0.5, connect=0.5, read=0.5), **fields)
+
+
+async def test_https_with_a_private_ca(client: RemoteClient, tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path, "server")
+    async with https_server(cert, key) as url:
+        spec = tls(trust_cacerts=str(cert))
+        assert await client.call(url, b"hi", spec, "test/fn") == b"secret hi"
+        # Without the CA the server is not trusted: retried, then a retryable failure.
+        with pytest.raises(RetryableFunctionError, match="CERTIFICATE_VERIFY_FAILED"):
+            await client.call(url, b"hi", tls(), "test/fn")
+
+
+async def test_mutual_tls(client: RemoteClient, tmp_path: Path) -> None:
+    server_cert, server_key = make_cert(tmp_path, "server")
+    client_cert, client_key = make_cert(tmp_path, "client")
+    async with https_server(server_cert, server_key, client_ca=client_cert) as url:
+        spec = tls(
+            trust_cacerts=str(server_cert), client_cert=str(client_cert), client_key=str(client_key)
+        )
+        assert await client.call(url, b"me", spec, "test/fn") == b"secret me"
+        with pytest.raises(RetryableFunctionError):  # no client certificate: refused
+            await client.call(url, b"me", tls(trust_cacerts=str(server_cert)), "test/fn")
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"trust_cacerts": "classpath:ca.pem"}, "classpath: names only mean something"),
+        ({"client_cert": "/tmp/c.pem"}, "client_cert and transport.client_key go together"),
+        ({"trust_cacerts": "/nonexistent/ca.pem"}, "transport.trust_cacerts '/nonexistent"),
+    ],
+)
+async def test_bad_tls_settings_are_terminal_at_once(
+    client: RemoteClient, fields: dict[str, str], reason: str
+) -> None:
+    with pytest.raises(TerminalFunctionError, match=reason):
+        await client.call("https://127.0.0.1:1/statefun", b"x", tls(**fields), "test/fn")
+
+
+async def test_payload_max_bytes_limits_responses(client: RemoteClient) -> None:
+    async with RawServer(one_reply(reply(b"z" * 600))) as server:
+        small = replace(transport(), payload_max_bytes=500)
+        with pytest.raises(TerminalFunctionError, match="more than the limit of 500"):
+            await client.call(server.url, b"x", small, "test/fn")
+
+
+async def test_pool_ttl_retires_old_connections(tmp_path: Path) -> None:
+    async with RawServer(one_reply(reply(b"ok"))) as server:
+        remote = RemoteClient()
+        try:
+            spec = replace(transport(), pool_ttl=timedelta(milliseconds=50))
+            assert await remote.call(server.url, b"1", spec, "test/fn") == b"ok"
+            await asyncio.sleep(0.1)
+            assert await remote.call(server.url, b"2", spec, "test/fn") == b"ok"
+            assert server.accepted == 2  # the first was too old to reuse
+            kept = replace(transport(), pool_ttl=timedelta(0))
+            assert await remote.call(server.url, b"3", kept, "test/fn") == b"ok"
+            assert await remote.call(server.url, b"4", kept, "test/fn") == b"ok"
+            assert server.accepted == 2  # without a ttl the second connection serves on
+        finally:
+            await remote.close()
