@@ -62,6 +62,12 @@ Startup = Literal["earliest", "latest", "group-offsets", "specific-offsets", "da
 # -- kafka-python and Kafka properties -----------------------------------------------------------
 
 
+#: records per poll unless ``max.poll.records`` says otherwise: each poll is a trip to the
+#: consumer's thread, and at kafka-python's 500 those trips cost the benchmark against StateFun
+#: 15-25% of its throughput (BENCHMARKS.md)
+DEFAULT_POLL_RECORDS = 2000
+
+
 def import_kafka() -> Any:
     """The ``kafka`` package (imported on first use: it takes ~0.1 s and most jobs need none)."""
     with warnings.catch_warnings():
@@ -248,7 +254,7 @@ class KafkaSource(Source):
         )
         self._producer_config.pop("transactional_id", None)
         self._producer_config["bootstrap_servers"] = bootstrap_servers
-        self.batch_size = int(self._consumer_config.get("max_poll_records", 500))
+        self.batch_size = int(self._consumer_config.get("max_poll_records", DEFAULT_POLL_RECORDS))
         # (topic, partition) -> offset of the next record to emit: only the loop changes it.
         self._positions: dict[tuple[str, int], int] = {}
         self._restored: dict[tuple[str, int], int] = {}
