@@ -24,6 +24,8 @@ from typing import Any
 
 import msgpack
 
+from statefun._files import fsync_dir
+
 __all__ = ["WriteAheadLog"]
 
 log = logging.getLogger(__name__)
@@ -78,11 +80,7 @@ class WriteAheadLog:
         path = self.directory / f"wal-{self.last_seq + 1:012d}.log"
         self._file = path.open("ab")
         self._size = 0
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.directory)
 
     def append(self, records: list[list[Any]]) -> int:
         """Append records (each without its sequence number), fsync once; the last seq."""

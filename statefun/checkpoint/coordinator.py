@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from statefun._exceptions import ConfigurationError, JobFailedError
+from statefun._files import write_synced
 from statefun.checkpoint._codec import (
     decode_envelopes,
     decode_timers,
@@ -94,13 +94,6 @@ class Cut:
     sinks: dict[str, Any]
     replies: list[tuple[str, Any]] = field(default_factory=list)
     stall_ms: float = 0.0
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with path.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
 
 
 class CheckpointCoordinator:
@@ -266,7 +259,7 @@ class CheckpointCoordinator:
             previous = None
         manifest = cut.state.write(state_dir, previous)
         # Messages, timers and sink transactions in one file: one fsync, not three.
-        _write_file(
+        write_synced(
             folder / CUT_FILE,
             bytes(
                 msgpack.packb(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import time
@@ -25,8 +24,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from statefun._exceptions import ConfigurationError
+from statefun._files import write_atomically
 
-__all__ = ["CheckpointStorage", "CompletedCheckpoint", "fsync_dir", "storage_path"]
+__all__ = ["CheckpointStorage", "CompletedCheckpoint", "storage_path"]
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +44,6 @@ def storage_path(location: str) -> Path:
             f"checkpoint storage {location!r}: only local paths and file:// URLs are supported"
         )
     return Path(url.path)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see all of it or nothing."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from statefun._files import fsync_dir
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
 
@@ -32,14 +33,6 @@ FORMAT = 2
 STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MemoryStateBackend(StateBackend):

@@ -73,6 +73,7 @@ from typing import Any, cast
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from statefun._files import fsync_dir
 from statefun.state._changelog import Chain, Identity, file_identity, read_delta, write_delta
 from statefun.state._codec import (
     MAX_KEY_GROUPS,
@@ -83,7 +84,7 @@ from statefun.state._codec import (
     key_group_prefix,
 )
 from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
-from statefun.state.memory import fsync_dir, read_memory_snapshot
+from statefun.state.memory import read_memory_snapshot
 
 __all__ = ["RocksDBStateBackend", "RocksDBStateSnapshot", "read_rocksdb_snapshot"]
 

@@ -1,0 +1,37 @@
+"""Durable writes to local files: one place for the fsync rules the runtime relies on.
+
+A file's bytes are durable after ``fsync`` of the file; its name (a new file, a rename) only
+after ``fsync`` of the directory that holds it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["fsync_dir", "write_atomically", "write_synced"]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file ``path`` and fsync it (not its directory)."""
+    with path.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or nothing, durably."""
+    tmp = path.with_name(path.name + ".tmp")
+    write_synced(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
