@@ -16,7 +16,7 @@ import ssl
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -119,6 +119,17 @@ def tls_context(transport: TransportSpec) -> ssl.SSLContext | None:
     return context
 
 
+class _Plan(NamedTuple):
+    """How calls to one URL go: its target and the transport's figures, in seconds."""
+
+    transport: TransportSpec
+    target: Target
+    call: float
+    connect: float
+    read: float
+    max_response_bytes: int
+
+
 class RemoteClient:
     """The pooled HTTP client for every remote function of the runtime (see ``_http``)."""
 
@@ -134,7 +145,7 @@ class RemoteClient:
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
         self._pool: HttpPool | None = None
-        self._targets: dict[tuple[str, TransportSpec], Target] = {}
+        self._plans: dict[str, _Plan] = {}
 
     async def start(self) -> None:
         if self._pool is None:
@@ -145,16 +156,26 @@ class RemoteClient:
             await self._pool.close()
             self._pool = None
 
-    def _target(self, url: str, transport: TransportSpec, typename: str) -> Target:
-        target = self._targets.get((url, transport))
-        if target is None:
-            try:
-                context = tls_context(transport) if url.lower().startswith("https") else None
-                target = parse_target(url, context, transport.pool_ttl.total_seconds())
-            except (ValueError, OSError, ssl.SSLError) as exc:
-                raise TerminalFunctionError(f"function {typename}: {exc}") from None
-            self._targets[(url, transport)] = target
-        return target
+    def _plan(self, url: str, transport: TransportSpec, typename: str) -> _Plan:
+        # Keyed by URL and checked by identity first: hashing the transport spec (a frozen
+        # dataclass of a dozen fields) on every call would cost more than the lookup saves.
+        plan = self._plans.get(url)
+        if plan is not None and (plan.transport is transport or plan.transport == transport):
+            return plan
+        try:
+            context = tls_context(transport) if url.lower().startswith("https") else None
+            target = parse_target(url, context, transport.pool_ttl.total_seconds())
+        except (ValueError, OSError, ssl.SSLError) as exc:
+            raise TerminalFunctionError(f"function {typename}: {exc}") from None
+        plan = self._plans[url] = _Plan(
+            transport,
+            target,
+            transport.call.total_seconds(),
+            transport.connect.total_seconds(),
+            transport.read.total_seconds(),
+            min(self._max_response_bytes, transport.payload_max_bytes),
+        )
+        return plan
 
     async def call(self, url: str, body: bytes, transport: TransportSpec, typename: str) -> bytes:
         """POST ``body`` to ``url``; the response body. Retries until the call timeout."""
@@ -162,11 +183,7 @@ class RemoteClient:
             await self.start()
         pool = self._pool
         assert pool is not None
-        target = self._target(url, transport, typename)
-        limit = min(self._max_response_bytes, transport.payload_max_bytes)
-        call_timeout = transport.call.total_seconds()
-        connect = transport.connect.total_seconds()
-        read = transport.read.total_seconds()
+        target, call_timeout, connect, read, limit = self._plan(url, transport, typename)[1:]
         deadline = time.monotonic() + call_timeout
         backoff = self._initial_backoff
         attempt = 0
