@@ -95,26 +95,19 @@ class Endpoint:
     # -- the built-in server's Application ------------------------------------------------
 
     def check(self, request: Request) -> Reply | None:
-        """Refuse before the body is read: 404, 405, 413, 415 (see ``answer_early``)."""
-        early = self.answer_early(
-            request.method, request.path, request.content_type, request.length
-        )
-        return None if early is None or early.status == 200 else early
+        return self.refusal(request.method, request.path, request.content_type, request.length)
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
-        if request.path == self.path:
-            return self.invoke(body)
-        health = self.answer_early(request.method, request.path, None, None)
-        assert health is not None
-        return health
+        # ``check`` let through only POSTs to the function path and GET/HEAD of the health.
+        return self.invoke(body) if request.path == self.path else self.health()
 
     # -- both servers ---------------------------------------------------------------------
 
-    def answer_early(
+    def refusal(
         self, method: str, path: str, content_type: str | None, length: int | None
     ) -> Reply | None:
-        """A reply that answers the request before its body is read (an error, or the
-        health check), or None to read the body and ``invoke``."""
+        """The error reply to a request, known before its body is read (404, 405, 413, 415),
+        or None: read the body and ``invoke`` (function path) or answer ``health``."""
         if path == self.path:
             if method != "POST":
                 return plain(
@@ -132,9 +125,12 @@ class Endpoint:
                 return plain(
                     405, f"method {method} is not allowed on {path}; use GET", (("Allow", "GET"),)
                 )
-            body = json.dumps({"status": "ok", "functions": self.typenames()}).encode()
-            return Reply(200, "application/json", body)
+            return None
         return plain(404, f"no such path {path!r}; functions are served at {self.path}")
+
+    def health(self) -> Reply:
+        body = json.dumps({"status": "ok", "functions": self.typenames()}).encode()
+        return Reply(200, "application/json", body)
 
     def too_large(self, length: int | None) -> Reply:
         size = f"{length} bytes" if length is not None else "the body"

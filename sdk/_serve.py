@@ -63,7 +63,7 @@ def make_app(
         )
 
     async def invoke(request: web.Request) -> web.StreamResponse:
-        early = endpoint.answer_early(
+        early = endpoint.refusal(
             request.method, path, request.headers.get("Content-Type"), request.content_length
         )
         if early is not None:
@@ -75,9 +75,7 @@ def make_app(
         return response(await endpoint.invoke_async(body))
 
     async def health(request: web.Request) -> web.StreamResponse:
-        reply = endpoint.answer_early("GET", HEALTH_PATH, None, None)
-        assert reply is not None
-        return response(reply)
+        return response(endpoint.health())
 
     # The body limit is checked by invoke() (Content-Length) and by request.read() (chunked).
     app = web.Application(client_max_size=max_body_bytes)
