@@ -575,12 +575,6 @@ def eo_sink(bootstrap: str, transactional_id: str) -> KafkaSink:
     return KafkaSink(EGRESS, bootstrap, "exactly-once", properties=properties)
 
 
-def crash(sink: KafkaSink) -> None:
-    """As if the process died: nothing calls ``sink`` any more (its producers stay as they
-    are, transactions open; ``close`` it at the end of the test). Only the job calls
-    ``flush``, so this marks the moment and leaves the sink alone."""
-
-
 def committed(bootstrap: str, topic: str) -> list[str]:
     """What a read_committed reader sees (up to the last stable offset)."""
     return values(consume(bootstrap, topic))
@@ -656,7 +650,8 @@ async def test_exactly_once_crash_with_an_open_transaction(bootstrap: str, admin
             first.write(kafka_record(topic, value))
         await first.flush()
         assert await asyncio.to_thread(in_log, bootstrap, topic, 3) == ["a0", "b0", "b1"]
-        crash(first)  # before the cut of 2: the restart is from checkpoint 1
+        # "Crash" before the cut of 2: nothing calls ``first`` any more (its producers and
+        # their open transactions stay as they are); the restart is from checkpoint 1.
 
         await second.start()  # fences the first run's producers: b0, b1 aborted
         await second.recover(state)  # transaction 1 reached Kafka: nothing to do
@@ -695,7 +690,7 @@ async def test_exactly_once_crash_between_checkpoint_and_commit(bootstrap: str, 
         first.write(kafka_record(topic, "b0"))
         await first.flush()
         assert await asyncio.to_thread(in_log, bootstrap, topic, 4) == ["a0", "a1", "a2", "b0"]
-        crash(first)
+        # "Crash": nothing calls ``first`` any more; its transactions stay open.
 
         await second.start()
         await second.recover(state)
