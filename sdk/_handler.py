@@ -61,21 +61,13 @@ class RequestReplyHandler:
 
     def handle_sync(self, request_bytes: bytes | bytearray | memoryview) -> bytes:
         """Handle one request. Async functions are run to completion in a new event loop."""
-        batch = self._prepare(request_bytes)
-        if isinstance(batch, bytes):
-            return batch
-        if batch.is_async:
-            return asyncio.run(_run_async(batch))
-        return _run_sync(batch)
+        outcome = self.begin(request_bytes)
+        return outcome if isinstance(outcome, bytes) else asyncio.run(outcome)
 
     async def handle_async(self, request_bytes: bytes | bytearray | memoryview) -> bytes:
         """Handle one request inside the running event loop."""
-        batch = self._prepare(request_bytes)
-        if isinstance(batch, bytes):
-            return batch
-        if batch.is_async:
-            return await _run_async(batch)
-        return _run_sync(batch)
+        outcome = self.begin(request_bytes)
+        return outcome if isinstance(outcome, bytes) else await outcome
 
     def begin(
         self, request_bytes: bytes | bytearray | memoryview
