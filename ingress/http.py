@@ -213,7 +213,7 @@ class HttpSource(Source):
     def check(self, request: Request) -> Reply | None:
         """Refuse before the body: unknown paths and types, wrong methods, too large."""
         try:
-            self._route(request)
+            request.state = self._route(request)  # handle() takes it from there
         except _Refused as exc:
             return exc.reply
         if request.length is not None and request.length > self.max_body_bytes:
@@ -252,10 +252,7 @@ class HttpSource(Source):
         return parts[1], typename, id_
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
-        try:
-            route = self._route(request)
-        except _Refused as exc:
-            return exc.reply
+        route = request.state  # ``check`` parsed it and let the request through
         if route is None:
             health = json.dumps({"status": "ok", "ingress": self.ingress_id}).encode()
             return Reply(200, "application/json", health)

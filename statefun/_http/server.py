@@ -78,6 +78,7 @@ class Request:
         "method",
         "path",
         "query",
+        "state",
     )
 
     def __init__(self) -> None:
@@ -90,6 +91,8 @@ class Request:
         self.chunked = False
         self.keep_alive = True
         self.expect = False
+        #: what the application's ``check`` found out, for its ``handle`` (a parsed route)
+        self.state: Any = None
 
 
 class Application(Protocol):
