@@ -50,7 +50,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._checkpoint_fns import CALL, COUNTER, OUT  # noqa: E402
+from bench._common import cpu_seconds, free_port, percentile, progress  # noqa: E402
 from statefun import IntType  # noqa: E402
 from statefun._keygroups import key_group_for  # noqa: E402
 from statefun._settings import Settings  # noqa: E402
@@ -87,10 +87,6 @@ INT = IntType.typename
 _serialize_int = IntType.serializer().serialize
 _deserialize_int = IntType.serializer().deserialize
 clock = time.perf_counter
-
-
-def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # -- source and sink of the in-process jobs (parts 1, 3, 4) ------------------------------------
@@ -189,21 +185,6 @@ def make_job(
     return Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[source], sinks=[sink])
 
 
-def _cpu_seconds(pid: int | None = None) -> float:
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _percentile(sorted_values: Any, q: float) -> float:
-    if not len(sorted_values):
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return float(sorted_values[index])
-
-
 class GcWatch:
     """Cyclic-GC pauses: the longest, the number of full (generation 2) collections, and
     when each pause of 1 ms or more happened (to tell GC stalls from checkpoint stalls)."""
@@ -276,9 +257,9 @@ async def child_throughput(spec: dict[str, Any]) -> dict[str, Any]:
     completed0 = coordinator.completed if coordinator else 0
     if coordinator is not None:
         coordinator.max_stall_ms = 0.0
-    cpu0, count0, t0 = _cpu_seconds(), sink.count, clock()
+    cpu0, count0, t0 = cpu_seconds(), sink.count, clock()
     await _wait(spec["seconds"], running, label, sink)
-    cpu1, count1, t1 = _cpu_seconds(), sink.count, clock()
+    cpu1, count1, t1 = cpu_seconds(), sink.count, clock()
     measured = [d for at, d in durations if t0 <= at <= t1]
     result: dict[str, Any] = {
         "messages_per_s": (count1 - count0) / (t1 - t0),
@@ -403,12 +384,12 @@ async def child_stall(spec: dict[str, Any]) -> dict[str, Any]:
         "running_at_end_s": running_at_end[0] if running_at_end else None,
         "max_stall_ms": max_stall_ms,
         "lag_max_ms": 1000 * all_lags[-1] if all_lags else None,
-        "lag_p99_ms": 1000 * _percentile(all_lags, 0.99),
+        "lag_p99_ms": 1000 * percentile(all_lags, 0.99),
         "lag_max_during_ms": 1000 * max(during) if during else None,
         "lag_max_outside_ms": 1000 * max(outside) if outside else None,
         "lag_max_without_gc_ms": 1000 * max(without_gc) if without_gc else None,
-        "latency_p50_ms": 1000 * _percentile(latencies, 0.50),
-        "latency_p99_ms": 1000 * _percentile(latencies, 0.99),
+        "latency_p50_ms": 1000 * percentile(latencies, 0.50),
+        "latency_p99_ms": 1000 * percentile(latencies, 0.99),
         "latency_max_ms": 1000 * latencies[-1] if latencies else None,
         "gc_longest_ms": 1000 * gc_longest,
         "gc_full": gc_full,
@@ -504,12 +485,6 @@ def child_main(raw: str) -> int:
 # -- part 2: request-reply over the HTTP ingress, runtime and client in processes --------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
@@ -574,7 +549,7 @@ def http_scenario(
     keys: int, release: str, interval_ms: int, backend: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="statefun-bench-http-"))
-    ingress_port, admin_port = _free_port(), _free_port()
+    ingress_port, admin_port = free_port(), free_port()
     settings = {
         "checkpoint_dir": str(tmp / "checkpoints"),
         "checkpoint_interval_ms": str(interval_ms),
@@ -588,7 +563,7 @@ def http_scenario(
     try:
         with runtime_process(tmp, settings, ingress_port) as runtime:
             started = time.monotonic()
-            cpu0 = _cpu_seconds(runtime.pid)
+            cpu0 = cpu_seconds(runtime.pid)
             client = subprocess.run(
                 [
                     sys.executable,
@@ -612,7 +587,7 @@ def http_scenario(
                 timeout=args.warmup + args.seconds + 120,
             )
             elapsed = time.monotonic() - started
-            cpu1 = _cpu_seconds(runtime.pid)
+            cpu1 = cpu_seconds(runtime.pid)
             if client.returncode != 0:
                 raise RuntimeError(f"the load client failed with exit code {client.returncode}")
             result: dict[str, Any] = json.loads(client.stdout.strip().splitlines()[-1])

@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._common import cpu_seconds, percentile, progress  # noqa: E402
 from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
 
 with warnings.catch_warnings():
@@ -76,23 +77,6 @@ SCENARIOS = {
     "loop-eo": ("kafka-python loop", "exactly-once"),
     "sf-eo": ("pystatefun", "exactly-once"),
 }
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system time of a process, all threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 @dataclass

@@ -41,7 +41,6 @@ import gc
 import logging
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._common import cpu_seconds, free_port, percentile, progress  # noqa: E402
 from bench._function_server import COUNTER, OUT, functions  # noqa: E402
 from statefun import IntType, RequestReplyHandler  # noqa: E402
 from statefun._settings import Settings  # noqa: E402
@@ -80,10 +80,6 @@ INT_TYPENAME = IntType.typename
 _serialize_int = IntType.serializer().serialize
 _deserialize_int = IntType.serializer().deserialize
 clock = time.perf_counter
-
-
-def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # -- source and sink ---------------------------------------------------------------------------
@@ -219,15 +215,6 @@ class Result:
         return self.messages / self.requests if self.requests else None
 
 
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a process (this one when ``pid`` is None)."""
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _machine_busy_seconds() -> float:
     """CPU seconds all cores spent on anything but idle and iowait, since boot."""
     try:
@@ -247,7 +234,7 @@ class CpuMeter:
 
     def __init__(self, processes: dict[str, int | None]) -> None:
         self.processes = processes
-        self.start = {name: _cpu_seconds(pid) for name, pid in processes.items()}
+        self.start = {name: cpu_seconds(pid) for name, pid in processes.items()}
         self.machine_start = _machine_busy_seconds()
         self.gc_seconds = 0.0
         self._gc_started = 0.0
@@ -265,7 +252,7 @@ class CpuMeter:
         elapsed = clock() - self.t0
         gc.callbacks.remove(self._on_gc)
         result = {
-            name: 100 * (_cpu_seconds(pid) - self.start[name]) / elapsed
+            name: 100 * (cpu_seconds(pid) - self.start[name]) / elapsed
             for name, pid in self.processes.items()
         }
         machine = 100 * (_machine_busy_seconds() - self.machine_start) / elapsed
@@ -274,18 +261,7 @@ class CpuMeter:
         return result
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 # -- servers in processes of their own ---------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -400,8 +376,8 @@ async def run_job_scenario(
         what,
         seconds,
         hi - lo,
-        p50_ms=_percentile(latencies, 0.50) * 1000,
-        p99_ms=_percentile(latencies, 0.99) * 1000,
+        p50_ms=percentile(latencies, 0.50) * 1000,
+        p99_ms=percentile(latencies, 0.99) * 1000,
         cpu=cpu_percent,
     )
     if isinstance(endpoint, HttpEndpointSpec):
@@ -429,7 +405,7 @@ async def scenario_embedded(args: argparse.Namespace, settings: Settings) -> Res
 def run_remote(
     name: str, what: str, keys: int, args: argparse.Namespace, settings: Settings
 ) -> Result:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "statefun", "serve", FUNCTION_TARGET, "--port", str(port)]
     with server_process(command, port, "function server") as process:
         endpoint = HttpEndpointSpec(
@@ -517,7 +493,7 @@ def run_ceiling(
     batch = max(1, round(bound.per_request))
     body = counter_request(batch)
     reply = RequestReplyHandler(functions).handle_sync(body)
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         reply_file = Path(tmp) / "reply.bin"
         reply_file.write_bytes(reply)

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._common import percentile  # noqa: E402
 from bench._jvm_processes import (  # noqa: E402
     PEER_DIR,
     Proc,
@@ -192,13 +193,6 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
 
 
 def fill_module(semantic: str, bootstrap: str, function_port: int, topic: str, group: str) -> str:
