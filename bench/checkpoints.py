@@ -3,7 +3,7 @@
 Four parts, all in one run (each measured in a fresh process, so that no run inherits the heap,
 the GC generations or the page cache state of another):
 
-1. **Throughput**: an embedded counter job (``bench/_checkpoint_fns.py``: one IntType state
+1. **Throughput**: an embedded counter job (``bench/_function_server.py``: one IntType state
    per address, one egress record per message), 10,000 keys, a source that submits as fast as
    the runtime admits (backpressure), a transactional counting sink (two-phase commit, no
    I/O). Checkpoints every second (``checkpoint_interval_ms=1000``) against checkpoints off,
@@ -66,8 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._checkpoint_fns import CALL, COUNTER, OUT  # noqa: E402
 from bench._common import cpu_seconds, free_port, percentile, progress  # noqa: E402
+from bench._function_server import CALL, COUNTER, OUT  # noqa: E402
 from statefun import IntType  # noqa: E402
 from statefun._keygroups import key_group_for  # noqa: E402
 from statefun._settings import Settings  # noqa: E402
@@ -77,8 +77,8 @@ from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleS
 from statefun.runtime import Job  # noqa: E402
 from statefun.sdk import TypedValue  # noqa: E402
 
-FUNCTIONS = "bench._checkpoint_fns:functions"
-FUNCTIONS_FILE = ROOT / "bench" / "_checkpoint_fns.py"
+FUNCTIONS = "bench._function_server:functions"
+FUNCTIONS_FILE = ROOT / "bench" / "_function_server.py"
 LOAD_CLIENT = ROOT / "bench" / "_load_client.py"
 THROUGHPUT_KEYS = 10_000
 RESTATE_RPS = 900.0
