@@ -35,6 +35,7 @@ from statefun.sdk import StringType, TypedValue
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._serve import start_server
 from tests.integration.fns.kafka_fns import EGRESS, functions
+from tests.unit.test_kafka_egress_config import JAVA_MURMUR2
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
@@ -488,6 +489,47 @@ async def test_bad_records_go_to_dead_letters_and_the_job_goes_on(
 def kafka_record(topic: str, value: str, key: str = "") -> EgressRecord:
     record = egress_pb2.KafkaProducerRecord(topic=topic, key=key, value_bytes=value.encode())
     return EgressRecord(EGRESS, TypedValue(KAFKA_PRODUCER_RECORD, record.SerializeToString()))
+
+
+@pytest.mark.parametrize("semantic", ["exactly-once", "at-least-once"])
+async def test_keyed_records_go_to_the_partition_the_java_client_picks(
+    semantic: Any, bootstrap: str, admin: Any
+) -> None:
+    """murmur2 of the key modulo the partition count (Kafka's default partitioner), as
+    StateFun's egress writes them: each key's partition is remembered after its first
+    record."""
+    topic = create_topic(admin, "keyed", partitions=5)
+    sink = KafkaSink(EGRESS, bootstrap, semantic)
+    await sink.start()
+    try:
+        for round_ in range(3):
+            for key in JAVA_MURMUR2:
+                sink.write(kafka_record(topic, f"{key.decode()}/{round_}", key=key.decode()))
+            await sink.flush()
+        if semantic == "exactly-once":
+            sink.pre_commit(1)
+            await sink.commit(1)
+    finally:
+        await sink.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        placed: dict[int, list[str]] = {}
+        for p in range(5):
+            partition = TopicPartition(topic, p)
+            consumer.assign([partition])
+            consumer.seek_to_beginning(partition)
+            end = consumer.end_offsets([partition])[partition]
+            while consumer.position(partition) < end:
+                for batch in consumer.poll(timeout_ms=200).values():
+                    placed.setdefault(p, []).extend(r.value.decode() for r in batch)
+    finally:
+        consumer.close()
+    expected: dict[int, list[str]] = {}
+    for key, java_hash in JAVA_MURMUR2.items():
+        expected.setdefault((java_hash & 0x7FFFFFFF) % 5, []).extend(
+            f"{key.decode()}/{round_}" for round_ in range(3)
+        )
+    assert {p: sorted(v) for p, v in placed.items()} == {p: sorted(v) for p, v in expected.items()}
 
 
 @pytest.mark.parametrize("semantic", ["at-least-once", "none"])

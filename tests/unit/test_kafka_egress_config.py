@@ -1,0 +1,86 @@
+"""The Kafka egress's producer settings and partitioner (no broker: nothing here connects)."""
+
+from __future__ import annotations
+
+import pytest
+
+from statefun.egress._kafka_partitioner import CACHE_SIZE, KeyPartitioner
+from statefun.egress.kafka import DEFAULT_BATCH_BYTES, DEFAULT_LINGER_MS, KafkaSink
+
+# murmur2 of these keys as Apache Kafka's Java client computes it (signed 32-bit), from the
+# murmur2 test of its Utils; the partition is (hash & 0x7fffffff) % partition count.
+JAVA_MURMUR2 = {
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+
+class Cluster:
+    """The part of kafka-python's ClusterMetadata a partitioner reads."""
+
+    def __init__(self, **partitions: int) -> None:
+        self.counts = dict(partitions)
+
+    def topics(self) -> set[str]:
+        return set(self.counts)
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        count = self.counts.get(topic)
+        return None if count is None else set(range(count))
+
+    def available_partitions_for_topic(self, topic: str) -> set[int]:
+        return self.partitions_for_topic(topic) or set()
+
+
+def partition(partitioner: KeyPartitioner, cluster: Cluster, topic: str, key: bytes | None) -> int:
+    return partitioner.partition(topic, key, key, b"v", b"v", cluster)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 12])
+def test_keyed_records_go_where_the_java_client_puts_them(count: int) -> None:
+    partitioner, cluster = KeyPartitioner(), Cluster(t=count)
+    for _ in range(2):  # computed, then remembered
+        for key, java_hash in JAVA_MURMUR2.items():
+            assert partition(partitioner, cluster, "t", key) == (java_hash & 0x7FFFFFFF) % count
+
+
+def test_a_remembered_partition_follows_the_partition_count() -> None:
+    partitioner, cluster = KeyPartitioner(), Cluster(t=3, u=5)
+    key = b"a-little-bit-longer-string"
+    expected = {n: (JAVA_MURMUR2[key] & 0x7FFFFFFF) % n for n in (3, 5, 11)}
+    assert partition(partitioner, cluster, "t", key) == expected[3]
+    assert partition(partitioner, cluster, "u", key) == expected[5]  # per topic
+    cluster.counts["t"] = 11  # partitions added
+    assert partition(partitioner, cluster, "t", key) == expected[11]
+
+
+def test_records_without_a_key_spread_and_unknown_topics_raise() -> None:
+    partitioner, cluster = KeyPartitioner(), Cluster(t=4)
+    seen = {partition(partitioner, cluster, "t", None) for _ in range(200)}
+    assert seen <= {0, 1, 2, 3} and len(seen) > 1
+    with pytest.raises(ValueError, match="not found"):
+        partition(partitioner, cluster, "missing", b"k")
+
+
+def test_the_cache_is_bounded() -> None:
+    partitioner, cluster = KeyPartitioner(), Cluster(t=3)
+    for i in range(CACHE_SIZE + 10):
+        partition(partitioner, cluster, "t", b"k%d" % i)
+    assert len(partitioner._cache) <= CACHE_SIZE
+
+
+def test_producer_defaults_and_properties_that_override_them() -> None:
+    sink = KafkaSink("e/out", "127.0.0.1:1", "exactly-once")
+    for config in (sink._plain_config, sink._transactional_config):
+        assert config["linger_ms"] == DEFAULT_LINGER_MS
+        assert config["batch_size"] == DEFAULT_BATCH_BYTES
+        assert isinstance(config["partitioner"], KeyPartitioner)
+    sink = KafkaSink(
+        "e/out", "127.0.0.1:1", "at-least-once", properties={"linger.ms": "0", "batch.size": "1"}
+    )
+    assert sink._plain_config["linger_ms"] == 0
+    assert sink._plain_config["batch_size"] == 1
