@@ -24,11 +24,17 @@ a topic of its own (named in the record):
   one hot key  N records to one key, the same way
   latency      a fixed rate (records/s) for some seconds, to many keys, then to the hot key:
                end-to-end latency = time the output was read - produce time in the record
+  backlog      the runtime process is paused (SIGSTOP, its whole process group), N records
+               are produced to many keys, then to the hot key, and it is resumed: records/s =
+               N / (last output read - resume). The throughput phases above share two cores
+               with the producer, which can become the limit for both runtimes; this one
+               measures how fast each runtime works off a backlog on its own (latency:
+               output read - the later of produce time and resume)
 
 Producers run in another process; the reader (read_committed) in this one.
 
-    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 5 minutes
-    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 2.5 minutes
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 7 minutes
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 2  # medians of 2 runs each
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
@@ -40,6 +46,7 @@ import argparse
 import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -149,6 +156,7 @@ class Phase:
     keys: int
     count: int
     rate: float | None  # None: as fast as possible
+    backlog: bool = False  # produced while the runtime is paused, then worked off
     topic: str = ""
     started: float = 0.0  # first record produced
     produced_until: float = 0.0
@@ -295,12 +303,24 @@ def run_phase(
     server: Proc,
     failures: Callable[[], list[str]],
 ) -> None:
+    if phase.backlog:
+        os.killpg(proc.process.pid, signal.SIGSTOP)
+        try:
+            process, result = produce_in_process(
+                bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
+            )
+            produced = result.get(timeout=120)
+            process.join(30)
+        finally:
+            os.killpg(proc.process.pid, signal.SIGCONT)
+        resumed = time.time()
     cpu_before = cpu_seconds(proc.process.pid)
     server_before = cpu_seconds(server.process.pid)
     wall_before = time.monotonic()
-    process, result = produce_in_process(
-        bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
-    )
+    if not phase.backlog:
+        process, result = produce_in_process(
+            bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
+        )
     expected_s = phase.count / (phase.rate or 2_000)
     reader.wait_for(
         lambda r: r.count(phase.topic) >= phase.count,
@@ -313,12 +333,17 @@ def run_phase(
     phase.cpu_s = cpu_seconds(proc.process.pid) - cpu_before
     phase.server_cpu_s = cpu_seconds(server.process.pid) - server_before
     phase.rss_mb = rss_mb(proc.process.pid)
-    phase.started, phase.produced_until = result.get(timeout=60)
-    process.join(30)
+    if phase.backlog:
+        phase.started, phase.produced_until = resumed, produced[1]
+    else:
+        phase.started, phase.produced_until = result.get(timeout=60)
+        process.join(30)
     time.sleep(0.2)
     records = reader.snapshot()[phase.topic]
     phase.outputs = len(records)
-    latencies = sorted(r.at - int(r.value.split(b" ")[1]) / 1e9 for r in records)
+    # a backlog's records wait for the resume: their latency counts from there
+    since = phase.started if phase.backlog else 0.0
+    latencies = sorted(r.at - max(since, int(r.value.split(b" ")[1]) / 1e9) for r in records)
     last = max(r.at for r in records)
     phase.records_per_s = phase.count / (last - phase.started)
     phase.p50_ms = percentile(latencies, 0.50) * 1000
@@ -453,6 +478,8 @@ def main() -> int:
             Phase("one hot key", 1, records, None),
             Phase(f"many keys @ {rate:,.0f}/s", MANY_KEYS, round(rate * latency_s), rate),
             Phase(f"one hot key @ {rate:,.0f}/s", 1, round(rate * latency_s), rate),
+            Phase("many keys, backlog", MANY_KEYS, records, None, backlog=True),
+            Phase("one hot key, backlog", 1, records, None, backlog=True),
         ]
 
     versions = (
