@@ -105,6 +105,7 @@ DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 256 * 1024
 #: How long ``close`` waits for the abort of a transaction still open.
 _ABORT_TIMEOUT_S = 5.0
+_parse_record = egress_pb2.KafkaProducerRecord.FromString
 #: The exactly-once checkpoint state's ``format``: 2, one transactional id per slot.
 _STATE_FORMAT = 2
 _SLOTS = (0, 1)
@@ -216,19 +217,22 @@ class KafkaSink(Sink):
 
     def write(self, record: EgressRecord) -> None:
         typed = record.value
-        typename = str(typed.typename)
-        if typename != KAFKA_PRODUCER_RECORD:
-            self._reject(typed, f"a {typename} is not a KafkaProducerRecord (kafka_egress_message)")
+        if typed.typename != KAFKA_PRODUCER_RECORD:
+            self._reject(
+                typed, f"a {typed.typename} is not a KafkaProducerRecord (kafka_egress_message)"
+            )
             return
+        value = typed.value
         try:
-            message = egress_pb2.KafkaProducerRecord.FromString(bytes(typed.value))
-        except DecodeError:
+            message = _parse_record(value if type(value) is bytes else bytes(value))
+        except (DecodeError, TypeError):
             self._reject(typed, "the KafkaProducerRecord cannot be decoded")
             return
-        if not message.topic:
+        topic = message.topic  # each field read builds a new object: once each
+        if not topic:
             self._reject(typed, "the KafkaProducerRecord has no topic")
             return
-        self._buffer.append((message.topic, message.key or None, bytes(message.value_bytes), None))
+        self._buffer.append((topic, message.key or None, message.value_bytes, None))
 
     def _reject(self, typed: Any, reason: str) -> None:
         self.rejected += 1

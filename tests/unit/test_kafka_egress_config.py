@@ -1,11 +1,20 @@
-"""The Kafka egress's producer settings and partitioner (no broker: nothing here connects)."""
+"""The Kafka egress's producer settings, partitioner and record checks (no broker: nothing
+here connects)."""
 
 from __future__ import annotations
 
 import pytest
 
 from statefun.egress._kafka_partitioner import CACHE_SIZE, KeyPartitioner
-from statefun.egress.kafka import DEFAULT_BATCH_BYTES, DEFAULT_LINGER_MS, KafkaSink
+from statefun.egress.base import EgressRecord
+from statefun.egress.kafka import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_LINGER_MS,
+    KAFKA_PRODUCER_RECORD,
+    KafkaSink,
+)
+from statefun.sdk import TypedValue
+from statefun.sdk._proto import egress_pb2
 
 # murmur2 of these keys as Apache Kafka's Java client computes it (signed 32-bit), from the
 # murmur2 test of its Utils; the partition is (hash & 0x7fffffff) % partition count.
@@ -84,3 +93,26 @@ def test_producer_defaults_and_properties_that_override_them() -> None:
     )
     assert sink._plain_config["linger_ms"] == 0
     assert sink._plain_config["batch_size"] == 1
+
+
+def test_records_that_are_not_kafka_producer_records_are_rejected(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = KafkaSink("e/out", "127.0.0.1:1", "at-least-once")
+    good = egress_pb2.KafkaProducerRecord(topic="t", key="k", value_bytes=b"v")
+    sink.write(EgressRecord("e/out", TypedValue(KAFKA_PRODUCER_RECORD, good.SerializeToString())))
+    for typed in (
+        TypedValue("io.statefun.types/string", b"\n\x01x"),
+        TypedValue(KAFKA_PRODUCER_RECORD, None),  # no value: an empty record
+        TypedValue(KAFKA_PRODUCER_RECORD, b"\xff\xff"),  # not protobuf
+        TypedValue(
+            KAFKA_PRODUCER_RECORD, egress_pb2.KafkaProducerRecord(key="k").SerializeToString()
+        ),
+    ):
+        sink.write(EgressRecord("e/out", typed))
+    assert sink._buffer == [("t", "k", b"v", None)]
+    assert sink.rejected == 4
+    reasons = [r.getMessage() for r in caplog.records]
+    assert any("is not a KafkaProducerRecord" in r for r in reasons)
+    assert sum("cannot be decoded" in r for r in reasons) == 1
+    assert sum("has no topic" in r for r in reasons) == 2
