@@ -111,6 +111,57 @@ async def test_remote_hot_key_is_batched_and_ordered(remote_url: str) -> None:
     assert counter_calls == 600  # 300 counter + 300 recorder invocations
 
 
+class Concurrency:
+    """Remote functions that count the requests being served at once (each sleeps a little)."""
+
+    def __init__(self) -> None:
+        from statefun import IntType, StatefulFunctions, ValueSpec, egress_message_builder
+
+        self.now = self.peak = 0
+        self.functions = StatefulFunctions()
+
+        @self.functions.bind("test/slow", specs=[ValueSpec("count", IntType)])
+        async def slow(context: Any, message: Any) -> None:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            try:
+                await asyncio.sleep(0.001)
+            finally:
+                self.now -= 1
+            count = (context.storage.count or 0) + 1
+            context.storage.count = count
+            text = f"{context.address.id}={count}:{message.as_string()}"
+            context.send_egress(egress_message_builder(OUT, text, StringType))
+
+
+@pytest.mark.parametrize("slots", [1, 3, 256])
+async def test_remote_calls_in_flight_stay_within_remote_max_connections(slots: int) -> None:
+    """More addresses than call slots: the waiting ones take turns, in order per address."""
+    fns = Concurrency()
+    script = [("test/slow", f"k{i % 40}", str(i)) for i in range(400)]
+    async with await start_server(fns.functions) as server:
+        module = ModuleSpec(endpoints=(remote(server.url, max_num_batch_requests=3),))
+        sink = ListSink()
+        job = Job(
+            module,
+            Settings(remote_max_connections=slots, parallelism=2),
+            sources=[ScriptSource(script)],
+            sinks=[sink],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert 1 <= fns.peak <= slots
+    by_key: dict[str, list[str]] = {}
+    for value in sink.values:
+        key, _, rest = value.partition("=")
+        by_key.setdefault(key, []).append(rest)
+    assert len(by_key) == 40
+    for i in range(40):
+        got = by_key[f"k{i}"]
+        assert got == [f"{n + 1}:{i + 40 * n}" for n in range(10)]  # counts and order
+    for _ in range(slots):  # every slot came back
+        await asyncio.wait_for(job.remote_slots.acquire(), 1)
+
+
 async def test_async_embedded_function_keeps_order_and_state() -> None:
     script = [("test/async-echo", "k", t) for t in "abc"]
     values = await run_job(ModuleSpec(endpoints=(embedded(),)), script)
