@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench._common import free_port
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
@@ -43,12 +44,6 @@ PEER_DIR = ROOT / "bench" / "peers" / "statefun-jvm"
 RUN_SH = PEER_DIR / "run.sh"
 STATEFUN = [sys.executable, "-m", "statefun"]
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _get_json(url: str, timeout: float = 2.0) -> Any:

@@ -61,7 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._common import percentile  # noqa: E402
+from bench._common import cpu_seconds, percentile  # noqa: E402
+from bench._common import progress as say  # noqa: E402
 from bench._jvm_processes import (  # noqa: E402
     PEER_DIR,
     Proc,
@@ -85,10 +86,6 @@ MANY_KEYS = 10_000
 HOT_KEY = "hot"
 RUNTIMES = ("pystatefun", "statefun-jvm")
 SEMANTICS = ("exactly-once", "at-least-once")
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # -- the producer process ------------------------------------------------------------------------
@@ -181,16 +178,6 @@ class Run:
     semantic: str
     phases: list[Phase] = field(default_factory=list)
     note: str = ""
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (and its waited-for children), in seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = sum(int(x) for x in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
