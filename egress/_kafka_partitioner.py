@@ -41,19 +41,17 @@ class KeyPartitioner(DefaultPartitioner):  # type: ignore[misc]
         serialized_value: Any,
         cluster: Any,
     ) -> int:
-        partitions = None if serialized_key is None else cluster.partitions_for_topic(topic)
-        if serialized_key is None or not partitions:
-            # no key; or no metadata yet: the default raises the error that says so
-            return int(
-                super().partition(topic, key, serialized_key, value, serialized_value, cluster)
-            )
+        if serialized_key is None:  # spread over the partitions
+            return int(super().partition(topic, key, None, value, serialized_value, cluster))
+        count = len(cluster.partitions_for_topic(topic) or ())
         remembered = self._cache.get((topic, serialized_key))
-        if remembered is not None and remembered[0] == len(partitions):
+        if remembered is not None and remembered[0] == count:
             return remembered[1]
+        # without metadata for the topic (count 0) the default raises the error that says so
         chosen = int(
             super().partition(topic, key, serialized_key, value, serialized_value, cluster)
         )
         if len(self._cache) >= CACHE_SIZE:
             self._cache.clear()
-        self._cache[(topic, bytes(serialized_key))] = (len(partitions), chosen)
+        self._cache[(topic, bytes(serialized_key))] = (count, chosen)
         return chosen
