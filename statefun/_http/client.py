@@ -23,7 +23,7 @@ import asyncio
 import collections
 import re
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,11 +57,11 @@ class Target:
     head: bytes  # the request line and headers, up to "Content-Length: "
     context: ssl.SSLContext | None = None  # TLS settings (None: the system's trust store)
     ttl: float = 0.0  # seconds a connection may be reused; 0: no limit
+    #: what pooled connections are shared by: the origin and the TLS settings (set once)
+    key: tuple[Any, ...] = field(init=False, compare=False)
 
-    @property
-    def key(self) -> tuple[Any, ...]:
-        """What pooled connections are shared by: the origin and the TLS settings."""
-        return (self.origin, self.context)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.origin, self.context))
 
 
 def parse_target(url: str, context: ssl.SSLContext | None = None, ttl: float = 0.0) -> Target:
@@ -443,10 +443,6 @@ class HttpPool:
         if self._ssl is None:
             self._ssl = ssl.create_default_context()
         return self._ssl
-
-    def use_ssl_context(self, context: ssl.SSLContext) -> None:
-        """Verify servers with ``context`` (for example one trusting a private CA)."""
-        self._ssl = context
 
     def _release(self, connection: _Connection) -> None:
         if connection.closed or not connection.keep_alive or self._closing:

@@ -31,7 +31,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import encode_address, encode_typed_value, varint
 
-__all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "tls_context"]
+__all__ = ["RemoteClient", "decode_from_function", "encode_to_function"]
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RemoteClient:
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
         self._pool: HttpPool | None = None
-        self._plans: dict[str, _Plan] = {}
+        self._plans: dict[tuple[str, int], _Plan] = {}
 
     async def start(self) -> None:
         if self._pool is None:
@@ -157,17 +157,18 @@ class RemoteClient:
             self._pool = None
 
     def _plan(self, url: str, transport: TransportSpec, typename: str) -> _Plan:
-        # Keyed by URL and checked by identity first: hashing the transport spec (a frozen
-        # dataclass of a dozen fields) on every call would cost more than the lookup saves.
-        plan = self._plans.get(url)
-        if plan is not None and (plan.transport is transport or plan.transport == transport):
+        # Keyed by the transport's identity: hashing the spec (a frozen dataclass of a dozen
+        # fields) on every call would cost more than the lookup saves. The plan holds the
+        # transport, so its id stays its own; endpoints that share a URL keep a plan each.
+        plan = self._plans.get((url, id(transport)))
+        if plan is not None and plan.transport is transport:
             return plan
         try:
             context = tls_context(transport) if url.lower().startswith("https") else None
             target = parse_target(url, context, transport.pool_ttl.total_seconds())
         except (ValueError, OSError, ssl.SSLError) as exc:
             raise TerminalFunctionError(f"function {typename}: {exc}") from None
-        plan = self._plans[url] = _Plan(
+        plan = self._plans[(url, id(transport))] = _Plan(
             transport,
             target,
             transport.call.total_seconds(),
@@ -190,14 +191,10 @@ class RemoteClient:
         problem = ""
         while True:
             attempt += 1
-            remaining = deadline - time.monotonic() if attempt > 1 else call_timeout
+            # the pool bounds the connect time by this too
+            timeout = call_timeout if attempt == 1 else max(0.001, deadline - time.monotonic())
             try:
-                if attempt == 1:
-                    response = await pool.post(target, body, connect, read, call_timeout, limit)
-                else:
-                    response = await pool.post(
-                        target, body, min(connect, remaining), read, max(0.001, remaining), limit
-                    )
+                response = await pool.post(target, body, connect, read, timeout, limit)
                 if response.status == 200:
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()
