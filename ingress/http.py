@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from statefun._http.server import HttpServer, Reply, Request, plain
+from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 REPLY_NAMESPACE, REPLY_NAME = "pystatefun.http", "reply"
 TYPENAME_HEADER = "X-Statefun-Typename"
+_TYPENAME_KEY = TYPENAME_HEADER.lower()  # as Request.headers has it
 
 
 class _Refused(Exception):
@@ -216,9 +217,7 @@ class HttpSource(Source):
             request.state = self._route(request)  # handle() takes it from there
         except _Refused as exc:
             return exc.reply
-        if request.length is not None and request.length > self.max_body_bytes:
-            return self.too_large(request.length)
-        return None
+        return None  # the server refuses a body over max_body_bytes itself
 
     def _route(self, request: Request) -> tuple[str, str, str] | None:
         """(route, typename, id) of a message request; None for the health check."""
@@ -268,9 +267,8 @@ class HttpSource(Source):
     def _value(self, request: Request, body: bytes) -> TypedValue:
         query = parse_qs(request.query) if request.query else {}
         named = query.get("typename")
-        value_typename = named[0] if named else request.headers.get(TYPENAME_HEADER.lower())
-        media = (request.content_type or "").split(";", 1)[0].strip().lower()
-        plain_text = media == "text/plain"
+        value_typename = named[0] if named else request.headers.get(_TYPENAME_KEY)
+        plain_text = media_type(request.content_type or "") == "text/plain"
         try:
             if value_typename:
                 validate_typename(value_typename, "typename")

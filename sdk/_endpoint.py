@@ -2,8 +2,8 @@
 
 ``Endpoint`` turns (method, path, Content-Type, length, body) into a ``Reply``: status,
 content type, body and extra headers. The aiohttp application (``make_app``) and the
-built-in server (``_http_server``) both call it, so they answer the same requests the same
-way. Errors are answered with one line of plain text and never with a traceback:
+built-in server (``statefun._http.server``) both call it, so they answer the same requests
+the same way. Errors are answered with one line of plain text and never with a traceback:
 
 ====  ==========================================================================
 400   the body is not a ToFunction with an invocation batch
@@ -23,7 +23,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from statefun._exceptions import MalformedRequestError, UnknownFunctionError
-from statefun._http.server import Reply, Request, plain
+from statefun._http.server import Reply, Request, media_type, plain
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
 from statefun.sdk._proto import request_reply_pb2 as pb
@@ -64,10 +64,6 @@ def as_handler(functions_or_handler: object) -> RequestReplyHandler:
     )
 
 
-def _media_type(value: str) -> str:
-    return value.split(";", 1)[0].strip().lower()
-
-
 class Endpoint:
     """The function path and the health path of one server, checked at construction."""
 
@@ -95,7 +91,8 @@ class Endpoint:
     # -- the built-in server's Application ------------------------------------------------
 
     def check(self, request: Request) -> Reply | None:
-        return self.refusal(request.method, request.path, request.content_type, request.length)
+        # the server itself refuses a body over max_body_bytes
+        return self.refusal(request.method, request.path, request.content_type, None)
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         # ``check`` let through only POSTs to the function path and GET/HEAD of the health.
@@ -115,7 +112,11 @@ class Endpoint:
                     f"method {method} is not allowed on {self.path}; use POST",
                     (("Allow", "POST"),),
                 )
-            if content_type is not None and _media_type(content_type) != CONTENT_TYPE:
+            if (
+                content_type is not None
+                and content_type != CONTENT_TYPE  # what the runtime sends: no parsing
+                and media_type(content_type) != CONTENT_TYPE
+            ):
                 return plain(415, f"unsupported Content-Type {content_type!r}; send {CONTENT_TYPE}")
             if length is not None and length > self.max_body_bytes:
                 return self.too_large(length)

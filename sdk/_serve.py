@@ -1,9 +1,9 @@
 """Serving functions over HTTP: StateFun's request-reply protocol v3.
 
-``start_server`` runs the built-in HTTP/1.1 server (``_http_server``) inside the current event
-loop (``port=0`` picks a free port) and ``serve`` is the blocking form for a process of its
-own, stopped gracefully by SIGINT or SIGTERM. ``make_app`` builds an aiohttp application
-instead, for mounting the functions in an aiohttp app of one's own. Both answer ``POST
+``start_server`` runs the built-in HTTP/1.1 server (``statefun._http.server``) inside the
+current event loop (``port=0`` picks a free port) and ``serve`` is the blocking form for a
+process of its own, stopped gracefully by SIGINT or SIGTERM. ``make_app`` builds an aiohttp
+application instead, for mounting the functions in an aiohttp app of one's own. Both answer ``POST
 <path>`` with a FromFunction and ``GET /health`` with the functions served, through the same
 ``Endpoint`` (see ``_endpoint`` for the error replies: 400, 404, 405, 413, 415, 500).
 """

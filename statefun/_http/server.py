@@ -27,7 +27,7 @@ from collections.abc import Coroutine
 from email.utils import formatdate
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Application", "HttpServer", "Reply", "Request", "plain"]
+__all__ = ["Application", "HttpServer", "Reply", "Request", "media_type", "plain"]
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +101,19 @@ class Application(Protocol):
     max_body_bytes: int
 
     def check(self, request: Request) -> Reply | None:
-        """A reply refusing ``request`` before its body is read (a 4xx), or None."""
+        """A reply refusing ``request`` before its body is read (a 4xx), or None. (Bodies
+        over ``max_body_bytes`` the server refuses itself, with ``too_large``.)"""
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         """The reply, or a coroutine giving it (the connection waits, in order)."""
 
     def too_large(self, length: int | None) -> Reply:
         """The 413 for a body over ``max_body_bytes`` (``length`` when it is known)."""
+
+
+def media_type(content_type: str) -> str:
+    """``text/plain`` of ``Text/Plain; charset=utf-8``."""
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 class _BadRequest(Exception):
@@ -314,7 +320,11 @@ class _Connection(asyncio.Protocol):
                 else:
                     self._refuse_body(request, early)
                 return None
-            if request.expect and (request.length or request.chunked) and early is None:
+            if request.length is not None and request.length > self.app.max_body_bytes:
+                self.request = None
+                self._refuse_body(request, self.app.too_large(request.length))
+                return None
+            if request.expect and (request.length or request.chunked):
                 assert self.transport is not None
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if request.chunked:
