@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
+
 __all__ = ["HttpPool", "ProtocolError", "Response", "ResponseTooLarge", "Target", "parse_target"]
 
 _MAX_HEAD_BYTES = 64 << 10
-_MAX_CHUNK_LINE = 1024
 
 
 class ProtocolError(Exception):
@@ -124,8 +125,7 @@ class _Connection(asyncio.Protocol):
         self.reason = ""
         self.length = -1  # -1: not known yet; -2: chunked; -3: until the connection closes
         self.body_start = 0
-        self.chunks: list[bytes] = []
-        self.chunked_size = 0
+        self.chunked: ChunkedBody | None = None  # a chunked body being read
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -169,8 +169,7 @@ class _Connection(asyncio.Protocol):
         self.buffer.clear()
         self.status = 0
         self.length = -1
-        self.chunks = []
-        self.chunked_size = 0
+        self.chunked = None
         self.last_data = self.pool.loop.time()
         prefix = head + str(len(body)).encode() + b"\r\n\r\n"
         if len(body) < 65536:
@@ -192,7 +191,7 @@ class _Connection(asyncio.Protocol):
     def _finish(self, body: bytes) -> None:
         waiter = self.waiter
         self.buffer.clear()
-        self.chunks = []
+        self.chunked = None
         if waiter is not None and not waiter.done():
             waiter.set_result(Response(self.status, self.reason, body))
 
@@ -218,6 +217,8 @@ class _Connection(asyncio.Protocol):
                 start = self.body_start
                 self._finish(bytes(buffer[start:]) if start else bytes(buffer))
         elif length == -2:
+            if self.chunked is None:
+                self.chunked = ChunkedBody(self.limit)
             self._parse_chunks()
         elif len(buffer) - self.body_start > self.limit:
             raise ResponseTooLarge(f"more than {self.limit} bytes")
@@ -263,43 +264,20 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = keep_alive
 
     def _parse_chunks(self) -> None:
-        buffer = self.buffer
-        pos = self.body_start
-        limit = self.limit
-        while True:
-            line_end = buffer.find(b"\r\n", pos)
-            if line_end < 0:
-                if len(buffer) - pos > _MAX_CHUNK_LINE:
-                    raise ProtocolError("chunk size line too long")
-                break
-            size_text = bytes(buffer[pos:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size_text[:40]!r}") from None
-            if size == 0:
-                trailer_end = buffer.find(b"\r\n\r\n", line_end)
-                if buffer[line_end : line_end + 4] == b"\r\n\r\n":
-                    trailer_end = line_end
-                elif trailer_end < 0:
-                    break  # wait for the trailers' end
-                if len(buffer) > trailer_end + 4:
-                    raise ProtocolError("bytes after the last chunk")
-                self.buffer = buffer = bytearray()
-                self._finish(b"".join(self.chunks))
-                return
-            if self.chunked_size + size > limit:  # before buffering the chunk
-                raise ResponseTooLarge(f"more than {limit} bytes")
-            data_end = line_end + 2 + size
-            if len(buffer) < data_end + 2:
-                break
-            if buffer[data_end : data_end + 2] != b"\r\n":
-                raise ProtocolError("chunk not followed by CRLF")
-            self.chunked_size += size
-            self.chunks.append(bytes(buffer[line_end + 2 : data_end]))
-            pos = data_end + 2
-        del buffer[:pos]
-        self.body_start = 0
+        assert self.chunked is not None
+        try:
+            pos, body = self.chunked.feed(self.buffer, self.body_start)
+        except ChunkError as exc:
+            raise ProtocolError(str(exc)) from None
+        except ChunksTooLarge as exc:
+            raise ResponseTooLarge(str(exc)) from None
+        if body is None:
+            del self.buffer[:pos]
+            self.body_start = 0
+        elif len(self.buffer) > pos:
+            raise ProtocolError("bytes after the last chunk")
+        else:
+            self._finish(body)
 
 
 class HttpPool:

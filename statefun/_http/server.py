@@ -27,6 +27,8 @@ from collections.abc import Coroutine
 from email.utils import formatdate
 from typing import Any, NamedTuple, Protocol
 
+from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
+
 __all__ = ["Application", "HttpServer", "Reply", "Request", "media_type", "plain"]
 
 log = logging.getLogger(__name__)
@@ -207,9 +209,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.request: Request | None = None  # head read, body pending
-        self.body_start = 0
-        self.chunks: list[bytes] = []
-        self.chunked_size = 0
+        self.chunked: ChunkedBody | None = None  # the request's body, if chunked
         self.busy: asyncio.Task[None] | None = None  # an async function running
         self.last_active = time.monotonic()
         self.closing = False
@@ -308,8 +308,7 @@ class _Connection(asyncio.Protocol):
                 raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
             request = self.request = _parse_head(bytes(buffer[:end]))
             del buffer[: end + 4]
-            self.chunks = []
-            self.chunked_size = 0
+            self.chunked = ChunkedBody(self.app.max_body_bytes) if request.chunked else None
             early = self.app.check(request)
             if early is not None:
                 self.request = None
@@ -353,41 +352,17 @@ class _Connection(asyncio.Protocol):
         return None
 
     def _read_chunks(self) -> bytes | None:
-        buffer = self.buffer
-        limit = self.app.max_body_bytes
-        while True:
-            line_end = buffer.find(b"\r\n")
-            if line_end < 0:
-                if len(buffer) > 1024:
-                    raise _BadRequest(400, "chunk size line too long")
-                return None
-            size_text = bytes(buffer[:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _BadRequest(400, f"bad chunk size {size_text[:40]!r}") from None
-            if size == 0:
-                end = buffer.find(b"\r\n\r\n", line_end)
-                if buffer[line_end : line_end + 4] == b"\r\n\r\n":
-                    end = line_end
-                elif end < 0:
-                    return None
-                del buffer[: end + 4]
-                body = b"".join(self.chunks)
-                self.chunks = []
-                return body
-            if self.chunked_size + size > limit:
-                self.request = None
-                self._write(self.app.too_large(None), keep_alive=False, linger=True)
-                return None
-            if len(buffer) < line_end + 2 + size + 2:
-                return None
-            data_end = line_end + 2 + size
-            if buffer[data_end : data_end + 2] != b"\r\n":
-                raise _BadRequest(400, "chunk not followed by CRLF")
-            self.chunks.append(bytes(buffer[line_end + 2 : data_end]))
-            self.chunked_size += size
-            del buffer[: data_end + 2]
+        assert self.chunked is not None
+        try:
+            pos, body = self.chunked.feed(self.buffer, 0)
+        except ChunkError as exc:
+            raise _BadRequest(400, str(exc)) from None
+        except ChunksTooLarge:
+            self.request = None
+            self._write(self.app.too_large(None), keep_alive=False, linger=True)
+            return None
+        del self.buffer[:pos]  # what follows the body is the next request
+        return body
 
     def _answer(self, request: Request, body: bytes) -> None:
         outcome = self.app.handle(request, body)
