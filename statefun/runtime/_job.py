@@ -100,6 +100,7 @@ class Job:
         self.replies: dict[str, asyncio.Future[Any]] = {}
         self.pending = 0
         self.dead_letters = 0
+        self._dead_letter_folder_made = False
         self._room = asyncio.Event()
         self._room.set()
         self._changed = asyncio.Event()
@@ -170,15 +171,20 @@ class Job:
     def release(self, count: int) -> None:
         """``count`` messages finished processing."""
         self.pending -= count
+        if not self._room.is_set():
+            self._open_room_if_due()
+        if self.pending == 0:
+            self._changed.set()
+
+    def _open_room_if_due(self) -> None:
+        """Let the sources go on once nothing holds them: no overfull mailbox, no full sink,
+        and messages in flight down to 80% of ``max_in_flight_messages``."""
         if (
-            not self._room.is_set()
-            and not self._overfull_mailboxes
+            not self._overfull_mailboxes
             and not self._sinks_full
             and self.pending <= self.settings.max_in_flight_messages * 0.8
         ):
             self._room.set()
-        if self.pending == 0:
-            self._changed.set()
 
     def note_mailbox(self, typename: str, size: int) -> None:
         """A mailbox grew to ``size``: past its batch limit, sources wait until it drains."""
@@ -199,8 +205,7 @@ class Job:
                     asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
                     return
         self._overfull_mailboxes = False
-        if not self._sinks_full and self.pending <= self.settings.max_in_flight_messages * 0.8:
-            self._room.set()
+        self._open_room_if_due()
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)
@@ -217,9 +222,8 @@ class Job:
                 log.error(
                     "no egress %r in the module; its records go to the dead letters", egress_id
                 )
-            self._write_dead_letter(
-                {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}, value
-            )
+            record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
+            self._write_dead_letters([(record, value)])
             return
         sink.write(EgressRecord(egress_id, value))
 
@@ -272,6 +276,7 @@ class Job:
         self.fail(error)
 
     def dead_letter(self, batch: list[Envelope], reason: str) -> None:
+        records = []
         for envelope in batch:
             log.error("dead letter to %s/%s: %s", envelope.typename, envelope.id, reason)
             record = {
@@ -282,16 +287,23 @@ class Job:
                 else None,
                 "reason": reason,
             }
-            self._write_dead_letter(record, envelope.value)
+            records.append((record, envelope.value))
+        self._write_dead_letters(records)
 
-    def _write_dead_letter(self, record: dict[str, Any], value: Any) -> None:
-        self.dead_letters += 1
-        record["type"] = str(value.typename)
-        record["value_base64"] = base64.b64encode(bytes(value.value)).decode("ascii")
+    def _write_dead_letters(self, records: list[tuple[dict[str, Any], Any]]) -> None:
+        """Append records (with their values) to the dead-letter file, in one open."""
+        lines = []
+        for record, value in records:
+            record["type"] = str(value.typename)
+            record["value_base64"] = base64.b64encode(bytes(value.value)).decode("ascii")
+            lines.append(json.dumps(record) + "\n")
+        self.dead_letters += len(lines)
         path = Path(self.settings.dead_letter_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._dead_letter_folder_made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._dead_letter_folder_made = True
         with path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
+            out.write("".join(lines))
 
     @property
     def failed(self) -> bool:
@@ -433,9 +445,7 @@ class Job:
             self._room.clear()
         elif not full and self._sinks_full:
             self._sinks_full = False
-            in_flight = self.settings.max_in_flight_messages
-            if not self._overfull_mailboxes and self.pending <= in_flight * 0.8:
-                self._room.set()
+            self._open_room_if_due()
 
     async def _flush_sinks(self) -> None:
         for sink in self.sinks.values():
