@@ -53,5 +53,5 @@ class KeyPartitioner(DefaultPartitioner):  # type: ignore[misc]
         )
         if len(self._cache) >= CACHE_SIZE:
             self._cache.clear()
-        self._cache[(topic, bytes(serialized_key))] = (count, chosen)
+        self._cache[(topic, serialized_key)] = (count, chosen)
         return chosen

@@ -342,10 +342,9 @@ class KafkaSink(Sink):
     ) -> None:
         """Produce ``unsent`` into slot ``slot``'s transaction, add the marker, commit."""
         kafka = import_kafka()
+        self._tx_send(slot, unsent, True)
         try:
-            producer = self._begin(slot)
-            self._tx_produce(producer, slot, unsent)
-            self._tx_wait(producer, slot)
+            producer = self._tx_producers[slot]
             marker = kafka.TopicPartition(marker_topic, 0)
             offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
             producer.send_offsets_to_transaction(offsets, self.commit_group)
@@ -369,7 +368,7 @@ class KafkaSink(Sink):
         return producer.send(
             topic,
             key=None if key is None else key.encode("utf-8"),
-            value=bytes(value),
+            value=value,  # bytes: from write() or, restored, from _row()
             headers=None if headers is None else [(str(n), bytes(v)) for n, v in headers],
         )
 
@@ -502,7 +501,7 @@ class KafkaSink(Sink):
     async def close(self) -> None:
         try:
             if self.transactional:
-                waiting = len(self._buffer) + len(self._open) + self.uncommitted
+                waiting = self.backlog()
                 if waiting:
                     log.info(
                         "egress %s: %d record(s) of uncommitted transactions not committed; "
