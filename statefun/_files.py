@@ -7,9 +7,12 @@ after ``fsync`` of the directory that holds it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["fsync_dir", "write_atomically", "write_synced"]
+__all__ = ["fsync_dir", "synced_file", "write_atomically", "write_synced"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -21,12 +24,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_synced(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file ``path`` and fsync it (not its directory)."""
+@contextmanager
+def synced_file(path: Path) -> Iterator[BinaryIO]:
+    """A new file ``path`` to write, flushed and fsynced (not its directory) at the end of the
+    ``with`` block unless it raised."""
     with path.open("wb") as out:
-        out.write(data)
+        yield out
         out.flush()
         os.fsync(out.fileno())
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file ``path`` and fsync it (not its directory)."""
+    with synced_file(path) as out:
+        out.write(data)
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -10,14 +10,14 @@ steps (``CheckpointCoordinator.checkpoint``):
    yet; pending delayed messages with their tokens; the state specs remote functions
    registered; and each transactional sink seals the records since the previous cut as
    transaction N (``pre_commit``). Replies to HTTP calls produced so far are sealed too.
-2. **Write** (in a worker thread, while processing goes on): the state snapshot, the
-   messages, the timers and the sinks' transactions into ``chk-N/`` (``state/`` and
-   ``cut.msgpack``), each file fsynced.
-   Non-transactional (at-least-once) sinks flush, so nothing from before the cut is lost.
-3. **Complete**: ``chk-N/_metadata`` is written last and atomically. Only now does the
-   checkpoint exist; a crash before this step leaves a folder that is never restored. Then
-   checkpoints beyond the newest ``checkpoints_retained`` are deleted (N replaces them).
-   Steps 2 and 3 run in one trip to the worker thread unless a sink must flush between them.
+2. **Write**: non-transactional (at-least-once) sinks flush first, so nothing they held
+   from before the cut is lost once the checkpoint exists. Then, in a worker thread while
+   processing goes on: the state snapshot, the messages, the timers and the sinks'
+   transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), each file fsynced.
+3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last and
+   atomically. Only now does the checkpoint exist; a crash before this step leaves a folder
+   that is never restored. Then checkpoints beyond the newest ``checkpoints_retained`` are
+   deleted (N replaces them).
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
    their positions are durable (Kafka offsets to the group, WAL trimming), and the sealed HTTP
    replies are released.
@@ -178,21 +178,13 @@ class CheckpointCoordinator:
                 # 2. Write.
                 previous = None if savepoint or self.last is None else self.last.path / "state"
                 metadata = self._metadata(cut, savepoint)
-                flushing = [s for s in self.job.sinks.values() if not s.transactional]
-                if flushing:
-                    files = await asyncio.to_thread(self._write, folder, cut, previous)
-                    # At-least-once sinks: what they hold from before the cut must be out
-                    # before the checkpoint exists (a crash right after must not lose it).
-                    for sink in flushing:
+                for sink in self.job.sinks.values():
+                    if not sink.transactional:
                         await sink.flush()
-                    self._step("written", checkpoint_id)
-                    completed = await asyncio.to_thread(
-                        self._complete, folder, {**metadata, **files}, savepoint
-                    )
-                else:  # 2. and 3. in one trip to a worker thread
-                    completed = await asyncio.to_thread(
-                        self._write_and_complete, folder, cut, previous, metadata, savepoint
-                    )
+                # 2. and 3. in one trip to a worker thread
+                completed = await asyncio.to_thread(
+                    self._write_and_complete, folder, cut, previous, metadata, savepoint
+                )
             finally:
                 release = getattr(cut.state, "release", None)
                 if release is not None:
@@ -293,16 +285,6 @@ class CheckpointCoordinator:
             "state_types": sorted(self.job.state_types),
         }
 
-    def _complete(
-        self, folder: Path, metadata: dict[str, Any], savepoint: bool
-    ) -> CompletedCheckpoint:
-        """Step 3 (in a worker thread): metadata last and atomically, then the checkpoints
-        beyond the newest ``checkpoints_retained`` go (not needed once this one exists)."""
-        completed = self.storage.finish(folder, metadata)
-        if not savepoint:
-            self.storage.prune()
-        return completed
-
     def _write_and_complete(
         self,
         folder: Path,
@@ -311,9 +293,15 @@ class CheckpointCoordinator:
         metadata: dict[str, Any],
         savepoint: bool,
     ) -> CompletedCheckpoint:
+        """Steps 2 (the files) and 3 in a worker thread: metadata last and atomically, then
+        the checkpoints beyond the newest ``checkpoints_retained`` go (not needed once this
+        one exists)."""
         files = self._write(folder, cut, previous)
         self._step("written", cut.id)
-        return self._complete(folder, {**metadata, **files}, savepoint)
+        completed = self.storage.finish(folder, {**metadata, **files})
+        if not savepoint:
+            self.storage.prune()
+        return completed
 
 
 def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from statefun._exceptions import ConfigurationError
-from statefun._files import write_atomically
+from statefun._files import fsync_dir, write_atomically
 
 __all__ = ["CheckpointStorage", "CompletedCheckpoint", "storage_path"]
 
@@ -132,10 +132,21 @@ class CheckpointStorage:
     def finish(self, folder: Path, metadata: dict[str, Any]) -> CompletedCheckpoint:
         """Step 4 of the protocol: write the metadata, last and atomically."""
         write_atomically(folder / METADATA, json.dumps(metadata, indent=1).encode("utf-8"))
+        fsync_dir(folder.parent)  # the folder's own name, made by begin()
         return CompletedCheckpoint(int(metadata["id"]), folder, metadata)
 
     def prune(self) -> None:
-        """Keep the newest ``retained`` checkpoints; savepoints are never touched."""
-        completed = self.completed()
-        for old in completed[: max(0, len(completed) - self.retained)]:
-            shutil.rmtree(old.path, ignore_errors=True)
+        """Keep the newest ``retained`` checkpoints; savepoints are never touched.
+
+        From the folder names alone: this runs on every checkpoint, and reading every
+        retained checkpoint's metadata (RocksDB's lists every file) would cost more than it
+        tells."""
+        completed = sorted(
+            (int(match.group(2)), folder)
+            for folder in self.root.iterdir()
+            if (match := _NAME.match(folder.name))
+            and match.group(1) == "chk"
+            and (folder / METADATA).is_file()
+        )
+        for _, old in completed[: max(0, len(completed) - self.retained)]:
+            shutil.rmtree(old, ignore_errors=True)

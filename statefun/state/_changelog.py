@@ -33,6 +33,8 @@ from typing import Any
 
 import msgpack
 
+from statefun._files import synced_file
+
 __all__ = ["Chain", "Identity", "file_identity", "read_delta", "write_delta"]
 
 FORMAT = 1
@@ -53,15 +55,14 @@ def write_delta(path: Path, changes: Mapping[bytes, bytes | None]) -> int:
     packer = msgpack.Packer(use_bin_type=True)
     left = len(changes)
     pairs = iter(changes.items())
-    with path.open("wb") as out:
+    with synced_file(path) as out:
         out.write(packer.pack({"format": FORMAT, "entries": left, "chunks": -(-left // CHUNK)}))
         while left:
             count = min(left, CHUNK)
             out.write(packer.pack([x for pair in itertools.islice(pairs, count) for x in pair]))
             left -= count
-        out.flush()
-        os.fsync(out.fileno())
-        return out.tell()
+        size = out.tell()
+    return size
 
 
 def read_delta(

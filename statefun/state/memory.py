@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -21,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from statefun._files import fsync_dir
+from statefun._files import fsync_dir, synced_file
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
 
@@ -150,7 +149,7 @@ class MemoryStateSnapshot(StateSnapshot):
         written: list[int] = []
         groups = self._groups
         since_yield = 0
-        with (directory / STATE_FILE).open("wb") as out:
+        with synced_file(directory / STATE_FILE) as out:
             for key_group in sorted(groups):
                 group = groups[key_group]
                 if not group:
@@ -171,8 +170,6 @@ class MemoryStateSnapshot(StateSnapshot):
                         time.sleep(0)
                 total_entries += len(group)
                 written.append(key_group)
-            out.flush()
-            os.fsync(out.fileno())
             total_bytes = out.tell()
         fsync_dir(directory)
         return {

@@ -73,7 +73,7 @@ from typing import Any, cast
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from statefun._files import fsync_dir
+from statefun._files import fsync_dir, synced_file
 from statefun.state._changelog import Chain, Identity, file_identity, read_delta, write_delta
 from statefun.state._codec import (
     MAX_KEY_GROUPS,
@@ -129,10 +129,8 @@ def _write_options() -> WriteOptions:
 
 
 def _copy_file(source: Path, target: Path) -> None:
-    with source.open("rb") as src, target.open("wb") as dst:
+    with source.open("rb") as src, synced_file(target) as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
-        dst.flush()
-        os.fsync(dst.fileno())
 
 
 def _link_or_copy(source: Path, target: Path) -> bool:
@@ -551,6 +549,7 @@ class RocksDBStateBackend(StateBackend):
         started = time.perf_counter()
         with self._write_lock:
             self._apply_frozen()
+            self._moved = None  # no delta spans a restore: not worth tracking what moves
             self._flush_pending(1 << 62)
             self._chain, self._unchained, self._moved = None, "restored", set()
             how = self._restore(directory, manifest, key_groups)
@@ -609,6 +608,7 @@ class RocksDBStateBackend(StateBackend):
             return
         with self._write_lock:
             self._apply_frozen()
+            self._moved = None
             self._flush_pending(1 << 62)
             self._chain, self._unchained = None, "closed"
             self._db.flush()
