@@ -6,9 +6,8 @@ body. ``GET /health`` answers. Two servers:
 
   aiohttp   (default) ``web.AppRunner`` and ``web.TCPSite``: the issue's "trivial aiohttp
             echo server", and how ``make_app`` serves functions
-  builtin   the built-in server of ``statefun serve`` (statefun._http.server), with an
-            endpoint whose "function" is the fixed reply: the same server as the function
-            server, minus the SDK handler's work
+  builtin   ``statefun serve``'s own path (``statefun.sdk.serve``) with a handler that
+            answers the fixed reply: the function server minus the SDK handler's work
 
     python bench/_echo_server.py --port 8123 --reply reply.bin [--server builtin]
 """
@@ -37,25 +36,15 @@ def make_app(reply: bytes) -> web.Application:
     return app
 
 
-async def main_builtin(host: str, port: int, reply: bytes) -> None:
-    from statefun import StatefulFunctions
-    from statefun._http.server import HttpServer, Reply
-    from statefun.sdk._endpoint import CONTENT_TYPE, Endpoint
+def main_builtin(host: str, port: int, reply: bytes) -> None:
+    from statefun import RequestReplyHandler, StatefulFunctions
+    from statefun.sdk import serve
 
-    fixed = Reply(200, CONTENT_TYPE, reply)
+    class Echo(RequestReplyHandler):
+        def begin(self, body: bytes) -> bytes:
+            return reply
 
-    class Echo(Endpoint):
-        def invoke(self, body: bytes) -> Reply:
-            return fixed
-
-    server = HttpServer(Echo(StatefulFunctions()))
-    await server.start(host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    await server.close(5.0)
+    serve(Echo(StatefulFunctions()), host, port, shutdown_timeout=5.0)
 
 
 async def main(host: str, port: int, reply: bytes) -> None:
@@ -77,5 +66,7 @@ if __name__ == "__main__":
     parser.add_argument("--reply", type=Path, required=True, help="file holding the reply body")
     parser.add_argument("--server", choices=["aiohttp", "builtin"], default="aiohttp")
     args = parser.parse_args()
-    run = main_builtin if args.server == "builtin" else main
-    asyncio.run(run(args.host, args.port, args.reply.read_bytes()))
+    if args.server == "builtin":
+        main_builtin(args.host, args.port, args.reply.read_bytes())
+    else:
+        asyncio.run(main(args.host, args.port, args.reply.read_bytes()))

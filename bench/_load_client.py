@@ -29,17 +29,17 @@ import random
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._common import percentile  # noqa: E402
+
 clock = time.perf_counter
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -113,9 +113,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "requests": len(latencies),
         "seconds": seconds,
         "requests_per_s": len(latencies) / seconds,
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p90_ms": _percentile(latencies, 0.90) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p90_ms": percentile(latencies, 0.90) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
         "client_cpu_percent": 100
         * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system))

@@ -75,6 +75,7 @@ from statefun.egress.base import EgressRecord, Sink  # noqa: E402
 from statefun.ingress.base import IngressContext, Source  # noqa: E402
 from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec  # noqa: E402
 from statefun.runtime import Job  # noqa: E402
+from statefun.runtime._commands import _settings_overrides  # noqa: E402
 from statefun.sdk import TypedValue  # noqa: E402
 
 FUNCTIONS = "bench._function_server:functions"
@@ -558,7 +559,7 @@ def http_scenario(
         "state_dir": str(tmp / "state"),
         "admin_port": str(admin_port),
         "dead_letter_path": str(tmp / "dead-letters.jsonl"),
-        **dict(item.split("=", 1) for item in args.set),
+        **_settings_overrides(args.set),
     }
     try:
         with runtime_process(tmp, settings, ingress_port) as runtime:
@@ -876,6 +877,7 @@ def main() -> int:
     parser.add_argument(
         "--releases",
         nargs="+",
+        choices=["immediate", "on-checkpoint"],
         default=["immediate", "on-checkpoint"],
         help="part 2: reply_release values (default both)",
     )

@@ -30,11 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statefun import IntType
-from statefun._testing.peers import ensure_peer_venv
-from statefun.sdk._proto import request_reply_pb2 as pb
-
 BENCH = Path(__file__).resolve().parent
+if str(BENCH.parent) not in sys.path:
+    sys.path.insert(0, str(BENCH.parent))
+
+from bench._common import progress  # noqa: E402
+from statefun import IntType  # noqa: E402
+from statefun._testing.peers import ensure_peer_venv  # noqa: E402
+from statefun.sdk._proto import request_reply_pb2 as pb  # noqa: E402
+
 WORKER = BENCH / "_handler_worker.py"
 BATCHES = (1, 10, 100)
 MODES = ("sync", "async")
@@ -107,9 +111,6 @@ def main() -> int:
     if args.quick:
         args.seconds, args.warmup, args.repeats = 0.25, 0.1, 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-
-    def progress(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
 
     sdks: dict[str, Path | str] = {"pystatefun": sys.executable}
     for label, peer in (

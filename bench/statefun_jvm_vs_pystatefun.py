@@ -290,24 +290,22 @@ def run_phase(
     server: Proc,
     failures: Callable[[], list[str]],
 ) -> None:
+    # A backlog is produced while the runtime is paused; the phase starts at the resume.
     if phase.backlog:
         os.killpg(proc.process.pid, signal.SIGSTOP)
-        try:
-            process, result = produce_in_process(
-                bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
-            )
-            produced = result.get(timeout=120)
-            process.join(30)
-        finally:
-            os.killpg(proc.process.pid, signal.SIGCONT)
-        resumed = time.time()
-    cpu_before = cpu_seconds(proc.process.pid)
-    server_before = cpu_seconds(server.process.pid)
-    wall_before = time.monotonic()
-    if not phase.backlog:
+    try:
         process, result = produce_in_process(
             bootstrap, in_topic, phase.topic, phase.keys, phase.count, phase.rate
         )
+        if phase.backlog:
+            phase.produced_until = result.get(timeout=120)[1]
+    finally:
+        if phase.backlog:
+            os.killpg(proc.process.pid, signal.SIGCONT)
+            phase.started = time.time()
+    cpu_before = cpu_seconds(proc.process.pid)
+    server_before = cpu_seconds(server.process.pid)
+    wall_before = time.monotonic()
     expected_s = phase.count / (phase.rate or 2_000)
     reader.wait_for(
         lambda r: r.count(phase.topic) >= phase.count,
@@ -320,11 +318,9 @@ def run_phase(
     phase.cpu_s = cpu_seconds(proc.process.pid) - cpu_before
     phase.server_cpu_s = cpu_seconds(server.process.pid) - server_before
     phase.rss_mb = rss_mb(proc.process.pid)
-    if phase.backlog:
-        phase.started, phase.produced_until = resumed, produced[1]
-    else:
+    if not phase.backlog:
         phase.started, phase.produced_until = result.get(timeout=60)
-        process.join(30)
+    process.join(30)
     time.sleep(0.2)
     records = reader.snapshot()[phase.topic]
     phase.outputs = len(records)
