@@ -18,7 +18,6 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeAlias
 
 import aiohttp
@@ -178,17 +177,6 @@ class AppServer:
     async def close(self) -> None:
         await self.runner.cleanup()
 
-    async def __aenter__(self) -> AppServer:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
 
 Server: TypeAlias = RunningServer | AppServer
 
@@ -202,8 +190,10 @@ async def server(request: pytest.FixtureRequest, probe: Probe) -> AsyncIterator[
         )
     else:
         running = await AppServer.start(make_functions(probe))
-    async with running:
+    try:
         yield running
+    finally:
+        await running.close()
 
 
 @pytest.fixture
