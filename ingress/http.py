@@ -239,14 +239,14 @@ class HttpSource(Source):
             raise _Refused(plain(405, f"use POST on {path}", (("Allow", "POST"),)))
         namespace, name, id_ = (unquote(part) for part in parts[2:])
         typename = f"{namespace}/{name}"
-        try:
-            validate_typename(typename, "function type")
-        except ValueError as exc:
-            raise _Refused(plain(400, str(exc))) from None
         context = self._context
         if context is None:
             raise _Refused(plain(503, "the job is not running yet"))
         if not context.is_function_type(typename):
+            try:  # not a type of the module; malformed (an encoded "/" in a part) or unknown
+                validate_typename(typename, "function type")
+            except ValueError as exc:
+                raise _Refused(plain(400, str(exc))) from None
             raise _Refused(plain(404, f"no function type {typename!r} in the module"))
         return parts[1], typename, id_
 

@@ -332,6 +332,15 @@ INGRESS_REQUESTS: list[tuple[str, str, str, bytes, dict[str, str], int, str]] = 
         "typename",
     ),
     (
+        "malformed function type (an encoded slash)",
+        "POST",
+        "/messages/test/counter%2F/b",
+        b"x",
+        {"Content-Type": "text/plain"},
+        400,
+        "empty name",
+    ),
+    (
         "function type not in the module",
         "POST",
         "/messages/te st/counter/b",
