@@ -128,18 +128,19 @@ def _write_options() -> WriteOptions:
     return options
 
 
-def _copy_file(source: Path, target: Path) -> None:
-    with source.open("rb") as src, synced_file(target) as dst:
+def _copy_file(source: Path, target: Path, sync: bool = True) -> None:
+    """Copy ``source`` to ``target``, fsynced with ``sync`` (checkpoints; not working copies)."""
+    with source.open("rb") as src, synced_file(target) if sync else target.open("wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
 
 
-def _link_or_copy(source: Path, target: Path) -> bool:
+def _link_or_copy(source: Path, target: Path, sync: bool = True) -> bool:
     """Hard-link ``source`` to ``target`` (True), or copy it where links do not work."""
     try:
         os.link(source, target)
         return True
     except OSError:
-        _copy_file(source, target)
+        _copy_file(source, target, sync)
         return False
 
 
@@ -225,14 +226,15 @@ def _check_manifest(manifest: Mapping[str, Any]) -> None:
 
 
 def _install(directory: Path, manifest: Mapping[str, Any], target: Path) -> None:
-    """Make ``target`` a RocksDB database holding the materialized files in ``directory``."""
+    """Make ``target`` a RocksDB database holding the materialized files in ``directory``
+    (a working copy, rebuilt from the checkpoint after a crash: nothing is fsynced)."""
     target.mkdir(parents=True)
     for entry in manifest["files"]:
         name = entry["name"]
         if name.endswith(".sst"):  # immutable: share the inode
-            _link_or_copy(directory / name, target / name)
+            _link_or_copy(directory / name, target / name, sync=False)
         else:  # MANIFEST, CURRENT, logs...: RocksDB appends to them
-            _copy_file(directory / name, target / name)
+            _copy_file(directory / name, target / name, sync=False)
 
 
 def _replay(
@@ -255,15 +257,19 @@ def _replay(
 
 
 def read_rocksdb_snapshot(
-    directory: Path, manifest: Mapping[str, Any], key_groups: Collection[int] | None
+    directory: Path,
+    manifest: Mapping[str, Any],
+    key_groups: Collection[int] | None,
+    scratch_parent: Path | None = None,
 ) -> Iterator[tuple[int, AddressKey, dict[str, Any]]]:
     """Every address of a rocksdb-format snapshot in ``key_groups`` (None: all).
 
     Opens a scratch copy (hard links) and replays the deltas there, so that the checkpoint
-    itself is never written.
+    itself is never written. The copy goes under ``scratch_parent`` (default: the system's
+    temporary folder); on the checkpoint's file system the SSTs are linked, not copied.
     """
     _check_manifest(manifest)
-    scratch = Path(tempfile.mkdtemp(prefix="statefun-rocksdb-read-"))
+    scratch = Path(tempfile.mkdtemp(prefix="statefun-rocksdb-read-", dir=scratch_parent))
     try:
         _install(directory, manifest, scratch / "db")
         db = Rdict(str(scratch / "db"), _options())
@@ -484,16 +490,13 @@ class RocksDBStateBackend(StateBackend):
             chain = chain.with_delta(name, copied, len(changes), file_identity(directory / name))
         fsync_dir(directory)
         files = [{**f, "reused": True} for f in chain.base]
-        reused = sum(f["size"] for f in (*chain.base, *chain.deltas)) - copied
-        manifest = self._manifest(chain, None, files, [1 if changes else 0, copied], reused)
-        return manifest, chain
+        return self._manifest(chain, None, files, [1 if changes else 0, copied]), chain
 
     def _materialize(
         self, mine: Sequence[_Frozen], directory: Path, previous: Path | None, reason: str
     ) -> tuple[dict[str, Any], Chain]:
         """Apply the frozen buffers ``mine``, checkpoint RocksDB, copy it into ``directory``."""
-        for frozen in mine:
-            _write_raw(self._db, _encoded(frozen.buffer), self._write_options)
+        self._write_frozen(mine)
         self._staging.mkdir(parents=True, exist_ok=True)
         staging = self._staging / f"chk-{uuid.uuid4().hex}"
         Checkpoint(self._db).create_checkpoint(str(staging))
@@ -508,9 +511,7 @@ class RocksDBStateBackend(StateBackend):
             identities=identities,
         )
         new = [f for f in files if not f["reused"]]
-        copied = [len(new), sum(f["size"] for f in new)]
-        reused = sum(f["size"] for f in files) - copied[1]
-        return self._manifest(chain, reason, files, copied, reused), chain
+        return self._manifest(chain, reason, files, [len(new), sum(f["size"] for f in new)]), chain
 
     @staticmethod
     def _manifest(
@@ -518,8 +519,10 @@ class RocksDBStateBackend(StateBackend):
         reason: str | None,
         files: list[dict[str, Any]],
         copied: list[int],
-        reused_bytes: int,
     ) -> dict[str, Any]:
+        """``copied``: [files, bytes] this checkpoint wrote; the rest of ``files`` and of the
+        chain's deltas it reuses from earlier ones."""
+        total_bytes = sum(f["size"] for f in files) + sum(d["size"] for d in chain.deltas)
         return {
             "backend": "rocksdb",
             "format": FORMAT,
@@ -531,13 +534,16 @@ class RocksDBStateBackend(StateBackend):
             "copied_files": copied[0],
             "copied_bytes": copied[1],
             "reused_files": len(files) + len(chain.deltas) - copied[0],
-            "reused_bytes": reused_bytes,
+            "reused_bytes": total_bytes - copied[1],
         }
+
+    def _write_frozen(self, frozen: Sequence[_Frozen]) -> None:
+        for one in frozen:
+            _write_raw(self._db, _encoded(one.buffer), self._write_options)
 
     def _apply_frozen(self) -> None:
         """Apply every frozen buffer (restore, close): they are in no checkpoint then."""
-        for frozen in self._frozen:
-            _write_raw(self._db, _encoded(frozen.buffer), self._write_options)
+        self._write_frozen(self._frozen)
         self._unfreeze(len(self._frozen))
 
     def restore(
@@ -576,7 +582,7 @@ class RocksDBStateBackend(StateBackend):
                 self._delete_other_key_groups(set(key_groups))
             return f"installed, {deltas} delta(s) replayed"
         if manifest.get("backend") == "rocksdb":
-            entries = read_rocksdb_snapshot(directory, manifest, key_groups)
+            entries = read_rocksdb_snapshot(directory, manifest, key_groups, self.path)
         else:
             entries = read_memory_snapshot(directory, manifest, key_groups)
         count = 0
