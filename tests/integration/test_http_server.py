@@ -112,14 +112,14 @@ async def read_reply(reader: asyncio.StreamReader, head_only: bool = False) -> R
     return Reply(int(status), reason, headers, body)
 
 
-async def closed_by_server(reader: asyncio.StreamReader) -> bool:
-    """Whether the server closes the connection (with nothing more to read) in time."""
+async def assert_closed_by_server(reader: asyncio.StreamReader) -> None:
+    """The server closes the connection in time, with nothing more to read (TimeoutError or
+    AssertionError otherwise)."""
     try:
         rest = await asyncio.wait_for(reader.read(), DEADLINE)
     except ConnectionResetError:
-        return True
+        return
     assert rest == b"", rest
-    return True
 
 
 class Connection:
@@ -269,7 +269,7 @@ async def test_expect_100_continue_refused(server: RunningServer) -> None:
         reply = await read_reply(connection.reader)
         assert reply.status == 413
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 # -- closing connections -------------------------------------------------------------------
@@ -281,7 +281,7 @@ async def test_http_1_0_request_is_answered_and_closed(server: RunningServer) ->
         assert reply.status == 200
         assert counted(reply.body) == 2
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 async def test_http_1_0_keep_alive(server: RunningServer) -> None:
@@ -299,7 +299,7 @@ async def test_connection_close_from_the_client(server: RunningServer, call: str
         reply = await connection.ask(post(body, headers="Connection: close\r\n"))
         assert reply.status == 200
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 async def test_client_half_close_still_gets_the_async_reply(server: RunningServer) -> None:
@@ -309,7 +309,7 @@ async def test_client_half_close_still_gets_the_async_reply(server: RunningServe
         reply = await read_reply(connection.reader)
         assert reply.status == 200
         assert waited(reply.body) == ("w", 50)
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 # -- bad requests --------------------------------------------------------------------------
@@ -367,7 +367,7 @@ async def test_bad_request_is_refused_and_closed(
             assert reply.closes
             assert reason in reply.body.decode()
             assert reply.headers["content-type"] == "text/plain"
-            assert await closed_by_server(connection.reader)
+            await assert_closed_by_server(connection.reader)
     assert any(reason in r.getMessage() for r in caplog.records)
     # the server carries on
     async with await connect(server) as connection:
@@ -383,7 +383,7 @@ async def test_head_over_64_kib(server: RunningServer, terminated: bool) -> None
         assert reply.status == 431
         assert "request head longer than 65536 bytes" in reply.body.decode()
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 async def test_body_too_large_keeps_the_connection(server: RunningServer) -> None:
@@ -417,7 +417,7 @@ async def test_huge_body_is_refused_and_the_connection_closed(server: RunningSer
         reply = await read_reply(connection.reader)
         assert reply.status == 413
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 async def test_chunked_body_over_the_limit(server: RunningServer) -> None:
@@ -430,7 +430,7 @@ async def test_chunked_body_over_the_limit(server: RunningServer) -> None:
         assert reply.status == 413
         assert f"limit of {MAX_BODY} bytes" in reply.body.decode()
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
 
 
 async def test_unknown_path_is_404_and_keeps_the_connection(server: RunningServer) -> None:
@@ -498,11 +498,11 @@ async def test_idle_connection_is_closed_after_the_keepalive_timeout(
     async with await connect(quick_server) as connection:
         assert (await connection.ask(post(count_call(1, 1)))).status == 200
         start = time.monotonic()
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
         assert KEEPALIVE - SLACK <= time.monotonic() - start < DEADLINE
     async with await connect(quick_server) as connection:  # never used at all
         start = time.monotonic()
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
         assert time.monotonic() - start >= KEEPALIVE - SLACK
 
 
@@ -512,7 +512,7 @@ async def test_keepalive_timeout_counts_from_the_reply(quick_server: RunningServ
         slow = await connection.ask(post(wait_call(int(KEEPALIVE * 1500))))
         assert slow.status == 200
         start = time.monotonic()
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
         assert time.monotonic() - start >= KEEPALIVE - SLACK
 
 
@@ -524,7 +524,7 @@ async def test_request_stalled_half_way_is_closed(
         async with await connect(quick_server) as connection:
             await connection.send(post(body)[: -len(body)])  # the head, no body
             start = time.monotonic()
-            assert await closed_by_server(connection.reader)
+            await assert_closed_by_server(connection.reader)
             assert time.monotonic() - start >= KEEPALIVE - SLACK
     assert any("request incomplete" in r.getMessage() for r in caplog.records)
 
@@ -537,8 +537,8 @@ async def test_close_closes_idle_connections_at_once() -> None:
         start = time.monotonic()
         await asyncio.wait_for(running.close(), DEADLINE)
         assert time.monotonic() - start < 2.0  # not the shutdown timeout
-        assert await closed_by_server(used.reader)
-        assert await closed_by_server(unused.reader)
+        await assert_closed_by_server(used.reader)
+        await assert_closed_by_server(unused.reader)
     assert not port_accepts(running.port)
 
 
@@ -551,7 +551,7 @@ async def test_reply_during_shutdown_closes_the_connection() -> None:
         reply = await read_reply(connection.reader)
         assert reply.status == 200
         assert reply.closes
-        assert await closed_by_server(connection.reader)
+        await assert_closed_by_server(connection.reader)
         await asyncio.wait_for(closing, DEADLINE)
 
 
