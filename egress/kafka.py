@@ -96,10 +96,10 @@ Transaction = tuple[int, str, list[Row]]
 Semantic = Literal["at-least-once", "exactly-once", "none"]
 _T = TypeVar("_T")
 _SEND_TIMEOUT_S = 120.0
-#: ``linger.ms`` and ``batch.size`` unless the egress's properties set them. kafka-python's
-#: defaults (0 ms, 16 KiB) made its sender ship ~2 records per request under load and wake
-#: its network thread on almost every ``send``: ~25 us of CPU per record against ~15 us with
-#: these (BENCHMARKS.md). The linger costs no latency with a delivery semantic: ``flush``
+#: ``linger.ms`` and ``batch.size`` unless the egress's properties set them. With
+#: kafka-python's defaults (0 ms, 16 KiB) under load, ``send`` woke the sender thread every
+#: 2nd-3rd record: 19-25 us of CPU per record against 12.5 us with these
+#: (bench/kafka_producer.py). The linger costs no latency with a delivery semantic: ``flush``
 #: (at-least-once) and the cut (exactly-once) send everything at once.
 DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 256 * 1024

@@ -1,0 +1,133 @@
+"""The Kafka egress's producer settings: CPU per record with kafka-python's defaults and ours.
+
+Each setting sends the same records through one kafka-python ``KafkaProducer`` to a real
+Kafka broker (started here, single node, 127.0.0.1), the way the exactly-once egress does:
+a transactional producer (idempotent, ``acks=all``), records to one key of a one-partition
+topic, a short pause every 2,000 records (the egress hands records over per 50 ms flush),
+then ``flush`` and ``commit_transaction``. Reported: CPU seconds of this process per record
+(the producer's sender thread included), wall time, and how often ``send`` woke the sender
+thread.
+
+  defaults  kafka-python's ``linger.ms`` 0 and ``batch.size`` 16 KiB
+  egress    ``statefun.egress.kafka.DEFAULT_LINGER_MS`` / ``DEFAULT_BATCH_BYTES`` and the
+            egress's ``KeyPartitioner`` (each key's partition remembered)
+
+    .venv/bin/python bench/kafka_producer.py                 # about 30 s
+    .venv/bin/python bench/kafka_producer.py --records 20000 # quicker
+
+Progress goes to stderr; a Markdown table and the ratio to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._common import cpu_seconds, progress  # noqa: E402
+from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+from statefun.egress._kafka_partitioner import KeyPartitioner  # noqa: E402
+from statefun.egress.kafka import DEFAULT_BATCH_BYTES, DEFAULT_LINGER_MS  # noqa: E402
+from statefun.ingress.kafka import import_kafka  # noqa: E402
+
+kafka = import_kafka()
+from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
+from kafka.producer.sender import Sender  # noqa: E402
+
+SETTINGS: dict[str, Callable[[], dict[str, Any]]] = {
+    "defaults": lambda: {},
+    "egress": lambda: {
+        "linger_ms": DEFAULT_LINGER_MS,
+        "batch_size": DEFAULT_BATCH_BYTES,
+        "partitioner": KeyPartitioner(),
+    },
+}
+
+
+def count_wakeups() -> list[int]:
+    """Count ``Sender.wakeup`` calls (a socket write to the sender thread each)."""
+    counter = [0]
+    original = Sender.wakeup
+
+    def wakeup(self: Any) -> None:
+        counter[0] += 1
+        original(self)
+
+    Sender.wakeup = wakeup  # type: ignore[method-assign]
+    return counter
+
+
+def run(bootstrap: str, name: str, records: int, wakeups: list[int]) -> dict[str, float]:
+    topic = f"bench-producer-{name}-{time.time_ns()}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    producer = kafka.KafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        transactional_id=topic,
+        **SETTINGS[name](),
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        value = b"x" * 40
+        wakeups[0] = 0
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        for i in range(records):
+            producer.send(topic, key=b"hot", value=value)
+            if i % 2000 == 1999:
+                time.sleep(0.002)
+        producer.flush()
+        producer.commit_transaction()
+        cpu, wall = cpu_seconds() - cpu, time.perf_counter() - wall
+    finally:
+        producer.close()
+    return {"cpu_us": cpu / records * 1e6, "wall_s": wall, "wakeups": float(wakeups[0])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000, help="records per setting")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per setting; the best counts")
+    args = parser.parse_args()
+    wakeups = count_wakeups()
+    results: dict[str, dict[str, float]] = {}
+    with KafkaBroker(heap="512m") as broker:
+        progress(f"Kafka {kafka_version()} at {broker.bootstrap_servers}")
+        for repeat in range(args.repeat):
+            for name in SETTINGS:
+                got = run(broker.bootstrap_servers, name, args.records, wakeups)
+                progress(
+                    f"[{repeat + 1}/{args.repeat}] {name}: {got['cpu_us']:.1f} us CPU per "
+                    f"record, {got['wall_s']:.2f} s, {got['wakeups']:.0f} wake-ups"
+                )
+                best = results.get(name)
+                if best is None or got["cpu_us"] < best["cpu_us"]:
+                    results[name] = got
+    print(f"{args.records:,} transactional sends per run, best of {args.repeat}")
+    print()
+    print("| settings | CPU per record | wall | sender wake-ups |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, got in results.items():
+        print(
+            f"| {name} | {got['cpu_us']:.1f} us | {got['wall_s']:.2f} s | {got['wakeups']:,.0f} |"
+        )
+    print()
+    ratio = results["defaults"]["cpu_us"] / results["egress"]["cpu_us"]
+    print(f"- CPU per record: kafka-python's defaults / the egress's = {ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
