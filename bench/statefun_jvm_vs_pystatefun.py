@@ -36,6 +36,7 @@ Producers run in another process; the reader (read_committed) in this one.
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 7 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 2  # medians of 2 runs each
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --phases backlog --runtimes pystatefun
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
 """
@@ -443,6 +444,12 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per runtime and semantic; medians are shown"
     )
+    parser.add_argument(
+        "--phases",
+        default="all",
+        choices=("all", "throughput", "latency", "backlog"),
+        help="which phases run after the warm-up (default: all)",
+    )
     args = parser.parse_args()
     missing = missing_jvm_tools()
     if missing:
@@ -455,15 +462,23 @@ def main() -> int:
 
     def phases() -> list[Phase]:
         rate = args.rate
-        return [
-            Phase("warm-up", MANY_KEYS, 3_000 if args.quick else 10_000, 2_000.0),
-            Phase("many keys", MANY_KEYS, records, None),
-            Phase("one hot key", 1, records, None),
-            Phase(f"many keys @ {rate:,.0f}/s", MANY_KEYS, round(rate * latency_s), rate),
-            Phase(f"one hot key @ {rate:,.0f}/s", 1, round(rate * latency_s), rate),
-            Phase("many keys, backlog", MANY_KEYS, records, None, backlog=True),
-            Phase("one hot key, backlog", 1, records, None, backlog=True),
-        ]
+        groups = {
+            "throughput": [
+                Phase("many keys", MANY_KEYS, records, None),
+                Phase("one hot key", 1, records, None),
+            ],
+            "latency": [
+                Phase(f"many keys @ {rate:,.0f}/s", MANY_KEYS, round(rate * latency_s), rate),
+                Phase(f"one hot key @ {rate:,.0f}/s", 1, round(rate * latency_s), rate),
+            ],
+            "backlog": [
+                Phase("many keys, backlog", MANY_KEYS, records, None, backlog=True),
+                Phase("one hot key, backlog", 1, records, None, backlog=True),
+            ],
+        }
+        warm_up = Phase("warm-up", MANY_KEYS, 3_000 if args.quick else 10_000, 2_000.0)
+        chosen = groups if args.phases == "all" else {args.phases: groups[args.phases]}
+        return [warm_up, *(phase for group in chosen.values() for phase in group)]
 
     versions = (
         f"Python {platform.python_version()}; StateFun 3.3.0 on Flink 1.16.2, {java_version()}, "

@@ -59,6 +59,8 @@ no key. A record that is not one is logged and sent to the dead-letter topic if
   producers' own epoch, so a zombie never fences a newer run.
 
 kafka-python is blocking: every producer call runs on one dedicated thread, in call order.
+Records go to a producer a list at a time, appended to its batches in one pass with one
+outcome per batch (``statefun.egress._kafka_append``), not a ``send`` and a future per record.
 See docs/kafka.md.
 """
 
@@ -186,7 +188,9 @@ class KafkaSink(Sink):
         self._plain: Any = None  # KafkaProducer (at-least-once, none)
         self._tx_producers: list[Any] = [None for _ in _SLOTS]  # KafkaProducer per slot
         self._tx_open = [False for _ in _SLOTS]  # a transaction begun, not committed
-        self._tx_errors: list[list[BaseException]] = [[] for _ in _SLOTS]  # failed records
+        self._tx_sent: list[Any] = [None for _ in _SLOTS]  # Delivery of each open transaction
+        # (producer, its BulkAppender) by id(producer); a producer without one: send_each
+        self._appenders: dict[int, tuple[Any, Any]] = {}
         self._failed: BaseException | None = None  # a transaction failed: nothing more commits
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-sink-{egress_id}")
         self.produced = 0
@@ -259,12 +263,36 @@ class KafkaSink(Sink):
 
     def _new_producer(self, config: dict[str, Any]) -> Any:
         kafka = import_kafka()
+        from statefun.egress._kafka_append import BulkAppender, bulk_supported
+
         try:
-            return kafka.KafkaProducer(**config)
+            producer = kafka.KafkaProducer(**config)
         except kafka.errors.KafkaError as exc:
             raise ConnectionError(
                 f"egress {self.egress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
             ) from exc
+        unsupported = bulk_supported(producer)
+        if unsupported is None:
+            self._appenders[id(producer)] = (
+                producer,
+                BulkAppender(producer, config["partitioner"]),
+            )
+        else:
+            log.warning(
+                "egress %s: records go to Kafka one send() at a time (slower): %s",
+                self.egress_id,
+                unsupported,
+            )
+        return producer
+
+    def _hand_over(self, producer: Any, rows: list[Row]) -> Any:
+        """``rows`` to ``producer``: their Delivery (statefun.egress._kafka_append)."""
+        from statefun.egress._kafka_append import send_each
+
+        entry = self._appenders.get(id(producer))
+        if entry is None or entry[0] is not producer:
+            return send_each(producer, rows)
+        return entry[1].append(rows)
 
     def _plain_producer(self) -> Any:
         if self._plain is None:
@@ -305,24 +333,22 @@ class KafkaSink(Sink):
         """Slot ``slot``'s producer, in a transaction."""
         producer = self._tx_producer(slot)
         if not self._tx_open[slot]:
+            from statefun.egress._kafka_append import Delivery
+
             producer.begin_transaction()
             self._tx_open[slot] = True
-            self._tx_errors[slot] = []
+            self._tx_sent[slot] = Delivery()
         return producer
-
-    def _tx_produce(self, producer: Any, slot: int, rows: list[Row]) -> None:
-        errors = self._tx_errors[slot]
-        for row in rows:
-            self._send(producer, row).add_errback(errors.append)
 
     def _tx_wait(self, producer: Any, slot: int) -> None:
         """Wait until the broker acknowledged every record of slot ``slot``'s transaction."""
-        producer.flush(timeout=_SEND_TIMEOUT_S)
-        errors = self._tx_errors[slot]
-        if errors:
+        from statefun.egress._kafka_append import flush
+
+        failures = flush(producer, self._tx_sent[slot], _SEND_TIMEOUT_S)
+        if failures:
             raise ConnectionError(
-                f"egress {self.egress_id}: {len(errors)} record(s) of a transaction not "
-                f"acknowledged by Kafka: {errors[0]!r}"
+                f"egress {self.egress_id}: {sum(n for _, n in failures)} record(s) of a "
+                f"transaction not acknowledged by Kafka: {failures[0][0]!r}"
             )
 
     def _tx_send(self, slot: int, rows: list[Row], wait: bool) -> None:
@@ -330,7 +356,8 @@ class KafkaSink(Sink):
         wait for the acknowledgements of all of its records."""
         try:
             producer = self._begin(slot)
-            self._tx_produce(producer, slot, rows)
+            if rows:
+                self._tx_sent[slot].update(self._hand_over(producer, rows))
             if wait:
                 self._tx_wait(producer, slot)
         except BaseException as exc:
@@ -362,40 +389,32 @@ class KafkaSink(Sink):
             self._failed = error
             log.error("egress %s: a Kafka transaction failed: %r", self.egress_id, error)
 
-    @staticmethod
-    def _send(producer: Any, row: Row | list[Any]) -> Any:
-        topic, key, value, headers = row
-        return producer.send(
-            topic,
-            key=None if key is None else key.encode("utf-8"),
-            value=value,  # bytes: from write() or, restored, from _row()
-            headers=None if headers is None else [(str(n), bytes(v)) for n, v in headers],
-        )
-
     def _produce(self, rows: list[Row], wait: bool) -> None:
         producer = self._plain_producer()
         if not wait:
-            failed = 0
-            for row in rows:
-                try:
-                    self._send(producer, row)
-                except Exception:
-                    failed += 1
-            if failed:
-                log.error("egress %s: %d record(s) dropped (semantic none)", self.egress_id, failed)
-            return
-        futures = [self._send(producer, row) for row in rows]
-        producer.flush(timeout=_SEND_TIMEOUT_S)
-        errors = []
-        for future in futures:
             try:
-                future.get(timeout=0)
+                self._hand_over(producer, rows)
             except Exception as exc:
-                errors.append(exc)
-        if errors:
+                log.error(
+                    "egress %s: %d record(s) dropped (semantic none): %r",
+                    self.egress_id,
+                    len(rows),
+                    exc,
+                )
+            return
+        from statefun.egress._kafka_append import BatchTooLarge, abandon, flush
+
+        try:
+            failures = flush(producer, self._hand_over(producer, rows), _SEND_TIMEOUT_S)
+        except BatchTooLarge as exc:  # the producer stays stuck on that batch: a new one
+            self._plain = None
+            self._appenders.pop(id(producer), None)
+            abandon(producer)
+            raise ConnectionError(f"egress {self.egress_id}: {exc}") from exc
+        if failures:
             raise ConnectionError(
-                f"egress {self.egress_id}: {len(errors)} of {len(rows)} record(s) not "
-                f"acknowledged by Kafka: {errors[0]!r}"
+                f"egress {self.egress_id}: {sum(n for _, n in failures)} of {len(rows)} "
+                f"record(s) not acknowledged by Kafka: {failures[0][0]!r}"
             )
 
     def _recover_transactions(
@@ -434,11 +453,13 @@ class KafkaSink(Sink):
             producer, self._tx_producers[slot] = self._tx_producers[slot], None
             if producer is None:
                 continue
+            self._appenders.pop(id(producer), None)
             if self._tx_open[slot]:
                 self._abort(producer, slot)
             _close_quietly(producer, 10)
         producer, self._plain = self._plain, None
         if producer is not None:
+            self._appenders.pop(id(producer), None)
             producer.close(timeout=10)
 
     def _abort(self, producer: Any, slot: int) -> None:
@@ -625,10 +646,13 @@ class KafkaSink(Sink):
 
 
 def _close_quietly(producer: Any, timeout: float) -> None:
+    from statefun.egress._kafka_append import abandon
+
     try:
         producer.close(timeout=timeout)
-    except Exception as exc:
+    except Exception as exc:  # e.g. stuck on a split batch: its finalizer would fail too
         log.debug("closing a Kafka producer: %r", exc)
+        abandon(producer)
 
 
 def _row(row: Any) -> Row:

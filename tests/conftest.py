@@ -1,6 +1,6 @@
 """Shared fixtures. Real services (Kafka broker, peer SDK virtualenvs) start once per session."""
 
-from tests.kafka_fixture import kafka_broker
+from tests.kafka_fixture import bootstrap, kafka_broker
 from tests.peer_fixture import fork_sdk_python, official_sdk_python
 
-__all__ = ["fork_sdk_python", "kafka_broker", "official_sdk_python"]
+__all__ = ["bootstrap", "fork_sdk_python", "kafka_broker", "official_sdk_python"]

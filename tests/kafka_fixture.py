@@ -24,3 +24,9 @@ def kafka_broker() -> Iterator[KafkaBroker]:
     broker = KafkaBroker.external(external) if external else KafkaBroker()
     with broker:
         yield broker
+
+
+@pytest.fixture
+def bootstrap(kafka_broker: KafkaBroker) -> str:
+    """The session broker's ``bootstrap_servers``."""
+    return kafka_broker.bootstrap_servers

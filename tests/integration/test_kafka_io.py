@@ -16,7 +16,6 @@ import pytest
 
 from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
-from statefun._testing.kafka_broker import KafkaBroker
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.base import EgressRecord
 from statefun.egress.kafka import KAFKA_PRODUCER_RECORD, KafkaSink
@@ -55,11 +54,6 @@ def unique(prefix: str) -> str:
 
 def string(text: str) -> bytes:
     return bytes(StringType.serializer().serialize(text))
-
-
-@pytest.fixture
-def bootstrap(kafka_broker: KafkaBroker) -> str:
-    return kafka_broker.bootstrap_servers
 
 
 @pytest.fixture
@@ -486,6 +480,26 @@ async def test_bad_records_go_to_dead_letters_and_the_job_goes_on(
 # -- the egress: delivery semantics ---------------------------------------------------------------
 
 
+def by_partition(bootstrap: str, topic: str) -> dict[int, list[tuple[Any, ...]]]:
+    """Every committed record (key, value, headers) of each partition that has any."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    placed: dict[int, list[tuple[Any, ...]]] = {}
+    try:
+        for p in sorted(consumer.partitions_for_topic(topic)):
+            tp = TopicPartition(topic, p)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp])[tp]
+            while consumer.position(tp) < end:
+                for batch in consumer.poll(timeout_ms=200).values():
+                    placed.setdefault(p, []).extend(
+                        (r.key, r.value, tuple(r.headers or ())) for r in batch
+                    )
+    finally:
+        consumer.close()
+    return placed
+
+
 def kafka_record(topic: str, value: str, key: str = "") -> EgressRecord:
     record = egress_pb2.KafkaProducerRecord(topic=topic, key=key, value_bytes=value.encode())
     return EgressRecord(EGRESS, TypedValue(KAFKA_PRODUCER_RECORD, record.SerializeToString()))
@@ -511,19 +525,7 @@ async def test_keyed_records_go_to_the_partition_the_java_client_picks(
             await sink.commit(1)
     finally:
         await sink.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    try:
-        placed: dict[int, list[str]] = {}
-        for p in range(5):
-            partition = TopicPartition(topic, p)
-            consumer.assign([partition])
-            consumer.seek_to_beginning(partition)
-            end = consumer.end_offsets([partition])[partition]
-            while consumer.position(partition) < end:
-                for batch in consumer.poll(timeout_ms=200).values():
-                    placed.setdefault(p, []).extend(r.value.decode() for r in batch)
-    finally:
-        consumer.close()
+    placed = {p: [r[1].decode() for r in got] for p, got in by_partition(bootstrap, topic).items()}
     expected: dict[int, list[str]] = {}
     for key, java_hash in JAVA_MURMUR2.items():
         expected.setdefault((java_hash & 0x7FFFFFFF) % 5, []).extend(

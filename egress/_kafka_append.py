@@ -1,0 +1,326 @@
+"""Records handed to a kafka-python producer in bulk: one pass per list, one outcome per batch.
+
+``KafkaProducer.send`` costs the egress ~10 us of CPU per record while it works off a backlog
+(a py-spy profile): argument checks, a size estimate, two locks, the partitioner, and a
+``FutureRecordMetadata`` per record that the sender thread completes one by one - while writing
+the record into its batch (kafka-python's record batch builder) takes ~1.5 us. The egress hands
+records over in lists (each 50 ms flush, each checkpoint's cut) and needs to know only whether
+all of them reached Kafka, so :meth:`BulkAppender.append` does per list or per partition what
+``send`` does per record:
+
+1. Each record's partition: the topic's metadata is waited for once per topic if the producer
+   has none (``max_block_ms``, as ``send``), then the egress's ``KeyPartitioner``; a record
+   larger than ``max_request_size`` raises ``MessageSizeTooLargeError`` before anything of the
+   list is appended, as ``send`` would for it.
+2. Per partition, in first-seen order (records of one partition keep their order): the
+   partition joins the open transaction (transactional producers, once), then, under the
+   accumulator's lock for the partition, the records go into its last open batch, and into new
+   batches as batches fill - the same batches ``send`` would build, sent by the producer's own
+   sender thread (``linger.ms``, ``flush``), with its retries, idempotence and transactions.
+3. The sender thread is woken once if a batch was created or is full, as ``send`` would
+   for the first such record (a sleeping sender learns of a new batch's linger only so).
+
+The outcome comes per batch: :class:`Delivery` holds the batches the records went into, and
+:func:`flush` flushes the producer and gives each failed batch's error and record count.
+
+A batch that the broker refuses as too large (a topic's ``max.message.bytes`` below the
+producer's ``batch.size``) is split by kafka-python 3.0, which hands the batch's per-record
+futures to the new batches and never completes the old one; handing them over wakes a
+``flush`` waiting on it, which then fails with "Future not done" (with ``send`` as well).
+Batches made here create those futures only when kafka-python asks for them
+(:class:`_FuturesOnDemand`), so that the flush still wakes, and :func:`flush` turns the error
+into :class:`BatchTooLarge`, which names the topic and the setting to change; the producer
+stays stuck on the batch, and :func:`abandon` closes it.
+
+This writes into kafka-python's record accumulator, which is not public API; the calls it makes
+are those of kafka-python 3.0's ``RecordAccumulator.append``. :func:`bulk_supported` checks the
+version and the parts used, and the egress falls back to ``send`` per record (logged) when they
+differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from statefun.ingress.kafka import import_kafka
+
+import_kafka()  # first: it quiets kafka-python's import-time warnings
+import kafka  # noqa: E402
+from kafka import errors as kafka_errors  # noqa: E402
+from kafka.producer.future import FutureRecordMetadata  # noqa: E402
+from kafka.producer.producer_batch import ProducerBatch  # noqa: E402
+from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
+from kafka.structs import TopicPartition  # noqa: E402
+
+__all__ = [
+    "BatchTooLarge",
+    "BulkAppender",
+    "Delivery",
+    "abandon",
+    "bulk_supported",
+    "flush",
+    "send_each",
+]
+
+log = logging.getLogger(__name__)
+
+#: One record: topic, key (None: no key), value, headers (None: none).
+Row = tuple[str, "str | None", bytes, "list[tuple[str, bytes]] | None"]
+#: Bytes a record adds beyond key, value and headers at most (kafka-python's estimate for
+#: one record in a batch of its own: the v2 batch header and the record's varints).
+_RECORD_OVERHEAD = 61 + 21
+_ACCUMULATOR_PARTS = (
+    "_batches",
+    "_tp_lock",
+    "_incomplete",
+    "_appends_in_progress",
+    "_closed",
+    "config",
+)
+_PRODUCER_PARTS = (
+    "_accumulator",
+    "_metadata",
+    "_sender",
+    "_transaction_manager",
+    "_wait_on_metadata",
+    "_closed",
+    "config",
+)
+
+
+def bulk_supported(producer: Any) -> str | None:
+    """None if :class:`BulkAppender` can write into ``producer``; else why not."""
+    version = getattr(kafka, "__version__", "?")
+    if not version.startswith("3.0."):
+        return f"kafka-python {version} (bulk appends are written for 3.0)"
+    missing = [p for p in _PRODUCER_PARTS if not hasattr(producer, p)]
+    accumulator = getattr(producer, "_accumulator", None)
+    missing += [f"_accumulator.{p}" for p in _ACCUMULATOR_PARTS if not hasattr(accumulator, p)]
+    if missing:
+        return f"the producer has no {', '.join(missing)}"
+    if producer.config.get("message_version", 2) < 2:
+        return "record format v0/v1 (brokers before 0.11)"
+    return None
+
+
+class _FuturesOnDemand:
+    """A batch's per-record futures, made when kafka-python asks for one: it does when it
+    splits the batch, to hand each record over to the new batches."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, batch: ProducerBatch) -> None:
+        self._batch = batch
+
+    def __len__(self) -> int:
+        return int(self._batch.record_count)
+
+    def __getitem__(self, index: int) -> Any:
+        return FutureRecordMetadata(self._batch.produce_future, index, None, None, -1, -1, -1)
+
+    def append(self, future: Any) -> None:
+        raise TypeError("records are appended by BulkAppender, not send()")
+
+
+class BatchTooLarge(ConnectionError):
+    """Kafka refused a batch as too large, and kafka-python 3.0 cannot send it split."""
+
+
+def flush(producer: Any, delivery: Delivery, timeout: float) -> list[tuple[BaseException, int]]:
+    """``producer.flush()``, then :meth:`Delivery.failures`; raises :class:`BatchTooLarge`
+    when kafka-python split a batch (its flush fails with "Future not done")."""
+    try:
+        producer.flush(timeout=timeout)
+    except kafka_errors.UnknownError as exc:
+        split = [b for b in delivery.batches() if not b.is_done]
+        if not split:
+            raise
+        tp = split[0].topic_partition
+        raise BatchTooLarge(
+            f"Kafka refused a record batch for topic {tp.topic} (partition {tp.partition}) as "
+            "too large, and kafka-python cannot send it split: set the egress property "
+            "batch.size below the topic's max.message.bytes"
+        ) from exc
+    return delivery.failures()
+
+
+def abandon(producer: Any, timeout: float = 5.0) -> None:
+    """Close a producer stuck on a split batch: its sender thread stopped first, which fails
+    the batches still open (``close`` alone would wait on them, and so would its finalizer)."""
+    producer._sender.force_close()
+    producer._sender.join(timeout)
+    try:
+        producer.close(timeout=0)
+    except kafka_errors.KafkaError as exc:
+        log.debug("closing a stuck Kafka producer: %r", exc)
+
+
+class Delivery:
+    """The batches some records went into (or, sent one by one, their futures); their
+    outcome once the producer flushed them."""
+
+    def __init__(self) -> None:
+        self._batches: dict[int, ProducerBatch] = {}
+        self._futures: list[Any] = []
+
+    def add(self, batch: ProducerBatch) -> None:
+        self._batches.setdefault(id(batch), batch)
+
+    def add_future(self, future: Any) -> None:
+        self._futures.append(future)
+
+    def batches(self) -> list[ProducerBatch]:
+        return list(self._batches.values())
+
+    def update(self, other: Delivery) -> None:
+        self._batches.update(other._batches)
+        self._futures.extend(other._futures)
+
+    def failures(self) -> list[tuple[BaseException, int]]:
+        """(error, records) per failed or unfinished batch or record; empty: every record
+        was acknowledged. Call after the producer's ``flush``."""
+        failed: list[tuple[BaseException, int]] = []
+        for future in self._futures:
+            if not future.is_done:
+                failed.append((kafka_errors.KafkaTimeoutError("not acknowledged"), 1))
+            elif future.failed():
+                failed.append((future.exception, 1))
+        for batch in self._batches.values():
+            future = batch.produce_future
+            if future.is_done:
+                record_errors = future.value[2] if not future.failed() else None
+                if future.failed():
+                    failed.append((future.exception, batch.record_count))
+                elif record_errors is not None:
+                    failed.append((record_errors(0), batch.record_count))
+                continue
+            failed.append((kafka_errors.KafkaTimeoutError(f"{batch} not acknowledged"), 1))
+        return failed
+
+
+class BulkAppender:
+    """Appends lists of records to one producer's record accumulator (see the module doc)."""
+
+    def __init__(self, producer: Any, partitioner: Any) -> None:
+        self._producer = producer
+        self._accumulator = producer._accumulator
+        self._partitioner = partitioner
+        config = self._accumulator.config
+        self._batch_args = (config["message_version"], config["compression_attrs"])
+        self._batch_size = config["batch_size"]
+        self._max_request_size = producer.config["max_request_size"]
+        self._max_block_ms = producer.config["max_block_ms"]
+        self._transactions = producer._transaction_manager
+        self._partitions: dict[tuple[str, int], TopicPartition] = {}
+
+    def append(self, rows: Iterable[Row]) -> Delivery:
+        """Append ``rows`` (see the module doc); the batches they went into."""
+        by_partition = self._group(rows)
+        accumulator = self._accumulator
+        if accumulator._closed or self._producer._closed:
+            raise kafka_errors.IllegalStateError("the Kafka producer is closed")
+        delivery = Delivery()
+        timestamp = int(time.time() * 1000)
+        wake = False
+        accumulator._appends_in_progress.increment()
+        try:
+            for tp, records in by_partition.items():
+                if self._transactions is not None and self._transactions.is_transactional():
+                    self._transactions.maybe_add_partition_to_transaction(tp)
+                wake |= self._append_partition(tp, records, timestamp, delivery)
+        finally:
+            accumulator._appends_in_progress.decrement()
+        if wake:
+            self._producer._sender.wakeup()
+        return delivery
+
+    def _group(self, rows: Iterable[Row]) -> dict[TopicPartition, list[tuple[Any, ...]]]:
+        """Step 1: the records per partition, encoded, in order; size checked."""
+        metadata = self._producer._metadata
+        partition = self._partitioner.partition
+        partitions = self._partitions
+        limit = self._max_request_size - _RECORD_OVERHEAD
+        known: set[str] = set()
+        grouped: dict[TopicPartition, list[tuple[Any, ...]]] = {}
+        for topic, key, value, headers in rows:
+            if topic not in known:
+                if metadata.partitions_for_topic(topic) is None:
+                    self._producer._wait_on_metadata(topic, self._max_block_ms)
+                known.add(topic)
+            key_bytes = None if key is None else key.encode("utf-8")
+            size = len(value) + (0 if key_bytes is None else len(key_bytes))
+            if headers:
+                size += sum(len(name) + len(data) for name, data in headers)
+            if size > limit:
+                raise kafka_errors.MessageSizeTooLargeError(
+                    f"a record for topic {topic} is {size + _RECORD_OVERHEAD} bytes, more "
+                    f"than max.request.size ({self._max_request_size})"
+                )
+            number = partition(topic, None, key_bytes, None, None, metadata)
+            tp = partitions.get((topic, number))
+            if tp is None:
+                tp = partitions[(topic, number)] = TopicPartition(topic, number)
+            records = grouped.get(tp)
+            if records is None:
+                records = grouped[tp] = []
+            records.append((key_bytes, value, headers or []))
+        return grouped
+
+    def _append_partition(
+        self,
+        tp: TopicPartition,
+        records: Sequence[tuple[Any, ...]],
+        timestamp: int,
+        delivery: Delivery,
+    ) -> bool:
+        """Step 2: ``records`` into ``tp``'s batches; True if one was created or is full."""
+        accumulator = self._accumulator
+        now = time.monotonic()
+        with accumulator._tp_lock(tp):
+            queue = accumulator._batches[tp]
+            batch = queue[-1] if queue else None
+            if batch is not None:
+                delivery.add(batch)
+            created = False
+            for key, value, headers in records:
+                if (
+                    batch is not None
+                    and batch.records.append(timestamp, key, value, headers) is not None
+                ):
+                    continue
+                batch = self._new_batch(tp, now)  # none, or full: the sender takes it
+                queue.append(batch)
+                created = True
+                accumulator._incomplete.add(batch)
+                delivery.add(batch)
+                if batch.records.append(timestamp, key, value, headers) is None:
+                    raise kafka_errors.IllegalStateError(f"{tp}: an empty batch refused a record")
+            if batch is None:
+                return False
+            batch.last_append = now
+            return len(queue) > 1 or created or bool(batch.records.is_full())
+
+    def _new_batch(self, tp: TopicPartition, now: float) -> ProducerBatch:
+        records = MemoryRecordsBuilder(*self._batch_args, self._batch_size)
+        batch = ProducerBatch(tp, records, now=now)
+        batch._record_futures = _FuturesOnDemand(batch)
+        return batch
+
+
+def send_each(producer: Any, rows: Iterable[Row]) -> Delivery:
+    """``rows`` through ``producer.send``, one by one: for producers that
+    :func:`bulk_supported` turns down."""
+    delivery = Delivery()
+    for topic, key, value, headers in rows:
+        delivery.add_future(
+            producer.send(
+                topic,
+                key=None if key is None else key.encode("utf-8"),
+                value=value,
+                headers=None if headers is None else list(headers),
+            )
+        )
+    return delivery
