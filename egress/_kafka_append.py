@@ -45,10 +45,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statefun.ingress.kafka import import_kafka
+from statefun.ingress.kafka import import_kafka, internals_unsupported
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
-import kafka  # noqa: E402
 from kafka import errors as kafka_errors  # noqa: E402
 from kafka.producer.future import FutureRecordMetadata  # noqa: E402
 from kafka.producer.producer_batch import ProducerBatch  # noqa: E402
@@ -93,14 +92,16 @@ _PRODUCER_PARTS = (
 
 def bulk_supported(producer: Any) -> str | None:
     """None if :class:`BulkAppender` can write into ``producer``; else why not."""
-    version = getattr(kafka, "__version__", "?")
-    if not version.startswith("3.0."):
-        return f"kafka-python {version} (bulk appends are written for 3.0)"
-    missing = [p for p in _PRODUCER_PARTS if not hasattr(producer, p)]
     accumulator = getattr(producer, "_accumulator", None)
-    missing += [f"_accumulator.{p}" for p in _ACCUMULATOR_PARTS if not hasattr(accumulator, p)]
-    if missing:
-        return f"the producer has no {', '.join(missing)}"
+    unsupported = internals_unsupported(
+        "bulk appends",
+        [
+            ("KafkaProducer.", producer, _PRODUCER_PARTS),
+            ("KafkaProducer._accumulator.", accumulator, _ACCUMULATOR_PARTS),
+        ],
+    )
+    if unsupported is not None:
+        return unsupported
     if producer.config.get("message_version", 2) < 2:
         return "record format v0/v1 (brokers before 0.11)"
     return None

@@ -89,6 +89,27 @@ def import_kafka() -> Any:
 _QUIETED = False
 
 
+def internals_unsupported(
+    feature: str, checks: Iterable[tuple[str, Any, Iterable[str]]]
+) -> str | None:
+    """None if ``feature``, written against private parts of kafka-python 3.0.x, can use them:
+    the version is 3.0.x and each (label, object, attribute names) of ``checks`` has those
+    attributes; else why not (the egress's bulk appends and the ingress's batch reader)."""
+    kafka = import_kafka()
+    version = getattr(kafka, "__version__", "?")
+    if not version.startswith("3.0."):
+        return f"kafka-python {version} ({feature} is written for 3.0)"
+    missing = [
+        f"{label}{name}"
+        for label, owner, names in checks
+        for name in names
+        if not hasattr(owner, name)
+    ]
+    if missing:
+        return f"kafka-python has no {', '.join(missing)}"
+    return None
+
+
 def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
     """kafka-python logs an ERROR when a client closes during a metadata refresh: noise."""
     args = record.args
@@ -302,6 +323,15 @@ class KafkaSource(Source):
             raise ConnectionError(
                 f"ingress {self.ingress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
             ) from exc
+        from statefun.ingress._kafka_fetch import install
+
+        unsupported = install(self._consumer)
+        if unsupported is not None:
+            log.warning(
+                "ingress %s: records read by kafka-python's own reader (slower): %s",
+                self.ingress_id,
+                unsupported,
+            )
 
     def _partitions(self) -> tuple[list[tuple[str, int]], list[str]]:
         """Every partition of the topics that exist, and the topics that do not."""

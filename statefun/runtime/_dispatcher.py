@@ -169,7 +169,7 @@ class Dispatcher:
         mailbox = self.busy.get(key)
         if mailbox is not None:
             mailbox.append(envelope)
-            self.job.note_mailbox(envelope.typename, len(mailbox))
+            self.job.note_mailbox(key, len(mailbox))
             return 0
         function = self.job.functions.resolve(envelope.typename)
         if type(function) is EmbeddedFunction and not function.function.is_async:
@@ -280,6 +280,7 @@ class Dispatcher:
                             while mailbox and room > 0:
                                 batch.append(mailbox.popleft())
                                 room -= 1
+                            job.mailbox_taken(key, len(mailbox))
                             await self._call_remote(function, key, key_group, batch)
                     else:
                         await self._call_embedded_async(function, key, key_group, batch)
@@ -293,6 +294,7 @@ class Dispatcher:
                     return
                 size = min(len(mailbox), job.batch_limit(function.typename))
                 batch = [mailbox.popleft() for _ in range(size)]
+                job.mailbox_taken(key, len(mailbox))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: fail the job loudly rather than hang
@@ -301,6 +303,7 @@ class Dispatcher:
         finally:
             self.busy.pop(key, None)
             self.in_flight.pop(key, None)
+            job.mailbox_taken(key, 0)
 
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]

@@ -3,9 +3,9 @@
 ``Job`` wires one runtime process together and runs it:
 
 1. Sources submit messages; ``submit`` waits while the runtime holds
-   ``max_in_flight_messages`` messages or an address's mailbox is past its batch limit
-   (backpressure). Messages sent by functions (the feedback channel) are never refused, so
-   the loop cannot deadlock on itself.
+   ``max_in_flight_messages`` messages or an address's mailbox is past its batch limit, until
+   its next batch takes it back within the limit (backpressure). Messages sent by functions
+   (the feedback channel) are never refused, so the loop cannot deadlock on itself.
 2. keyBy: ``key_group = hash(address) mod max_parallelism``; the dispatcher subtask that owns
    that key group (Flink's contiguous ranges) receives the message.
 3. Dispatchers invoke functions and hand their output back here: messages to keyBy (2.),
@@ -106,7 +106,9 @@ class Job:
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
-        self._overfull_mailboxes = False
+        #: addresses whose mailbox is past its batch limit: sources wait until batches take them
+        #: back within it (note_mailbox, mailbox_taken)
+        self._overfull_mailboxes: set[tuple[str, str]] = set()
         self._sinks_full = False
         self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: function types that ever held state here (listed in checkpoints)
@@ -186,26 +188,25 @@ class Job:
         ):
             self._room.set()
 
-    def note_mailbox(self, typename: str, size: int) -> None:
-        """A mailbox grew to ``size``: past its batch limit, sources wait until it drains."""
-        if size > self.batch_limit(typename) and not self._overfull_mailboxes:
-            self._overfull_mailboxes = True
+    def note_mailbox(self, key: tuple[str, str], size: int) -> None:
+        """The mailbox of ``key`` (typename, id) grew to ``size``: past its batch limit,
+        sources wait until a batch takes it back within the limit (:meth:`mailbox_taken`)."""
+        if size > self.batch_limit(key[0]) and key not in self._overfull_mailboxes:
+            self._overfull_mailboxes.add(key)
             self._room.clear()
-            asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
+
+    def mailbox_taken(self, key: tuple[str, str], size: int) -> None:
+        """A batch was taken from the mailbox of ``key``, leaving ``size`` messages (0 also
+        when the mailbox is gone)."""
+        if key in self._overfull_mailboxes and size <= self.batch_limit(key[0]):
+            self._overfull_mailboxes.discard(key)
+            if not self._overfull_mailboxes:
+                self._open_room_if_due()
 
     def batch_limit(self, typename: str) -> int:
         """The most messages one batch to ``typename`` carries (``maxNumBatchRequests``)."""
         function = self.functions.resolve(typename)
         return function.max_batch if isinstance(function, RemoteFunction) else 1_000
-
-    def _check_mailboxes(self) -> None:
-        for dispatcher in self.dispatchers:
-            for (typename, _), mailbox in dispatcher.busy.items():
-                if len(mailbox) > self.batch_limit(typename):
-                    asyncio.get_running_loop().call_later(0.02, self._check_mailboxes)
-                    return
-        self._overfull_mailboxes = False
-        self._open_room_if_due()
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)

@@ -173,7 +173,7 @@ def test_a_record_over_max_request_size_raises_before_anything_is_appended(
 
 def test_other_kafka_python_versions_are_turned_down(producer: Any, monkeypatch: Any) -> None:
     assert bulk_supported(producer) is None
-    monkeypatch.setattr(_kafka_append.kafka, "__version__", "3.1.0")
+    monkeypatch.setattr(kafka, "__version__", "3.1.0")
     assert "kafka-python 3.1.0" in str(bulk_supported(producer))
 
 

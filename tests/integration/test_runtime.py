@@ -408,7 +408,7 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     async def watch() -> None:
         nonlocal largest, gate_closed_by_mailbox
         while True:
-            gate_closed_by_mailbox |= job._overfull_mailboxes
+            gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
             for dispatcher in job.dispatchers:
                 mailbox = dispatcher.busy.get(("test/counter", "hot"))
                 largest = max(largest, len(mailbox) if mailbox else 0)
@@ -423,3 +423,30 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     assert sink.values == [f"hot={i}" for i in range(1, 101)]
     assert gate_closed_by_mailbox
     assert 5 < largest <= 30
+
+
+async def test_the_mailbox_gate_opens_when_a_batch_takes_the_mailbox_back() -> None:
+    """Sources wait while an address's mailbox is past its batch limit, and go on the moment
+    a batch takes it back within the limit (not at a later check), each address on its own."""
+    job = Job(
+        ModuleSpec(endpoints=(remote("http://127.0.0.1:9/statefun", max_num_batch_requests=5),)),
+        Settings(),
+        sources=[],
+        sinks=[ListSink()],
+    )
+    hot, other = ("test/counter", "hot"), ("test/counter", "other")
+    job.note_mailbox(hot, 5)
+    assert job._room.is_set()  # at the limit: not past it
+    job.note_mailbox(hot, 6)
+    job.note_mailbox(other, 9)
+    assert not job._room.is_set()
+    job.mailbox_taken(hot, 6)  # still past the limit
+    job.mailbox_taken(hot, 1)
+    assert not job._room.is_set()  # the other mailbox is still past it
+    job.mailbox_taken(other, 0)
+    assert job._room.is_set()
+    job.note_mailbox(hot, 7)
+    job.mailbox_taken(("test/counter", "unrelated"), 0)
+    assert not job._room.is_set()
+    job.mailbox_taken(hot, 0)  # its batches ended: the mailbox is gone
+    assert job._room.is_set()
