@@ -15,7 +15,8 @@ all of them reached Kafka, so :meth:`BulkAppender.append` does per list or per p
 2. Per partition, in first-seen order (records of one partition keep their order): the
    partition joins the open transaction (transactional producers, once), then, under the
    accumulator's lock for the partition, the records go into its last open batch, and into new
-   batches as batches fill - the same batches ``send`` would build, sent by the producer's own
+   batches as batches fill - the same batches ``send`` would build (:func:`write_records` lays
+   out their bytes as kafka-python's builder does, in one loop), sent by the producer's own
    sender thread (``linger.ms``, ``flush``), with its retries, idempotence and transactions.
 3. The sender thread is woken once if a batch was created or is full, as ``send`` would
    for the first such record (a sleeping sender learns of a new batch's linger only so).
@@ -46,11 +47,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from statefun.ingress.kafka import import_kafka, internals_unsupported
+from statefun.sdk._wire import varint
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
 from kafka import errors as kafka_errors  # noqa: E402
 from kafka.producer.future import FutureRecordMetadata  # noqa: E402
 from kafka.producer.producer_batch import ProducerBatch  # noqa: E402
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 from kafka.structs import TopicPartition  # noqa: E402
 
@@ -79,6 +82,16 @@ _ACCUMULATOR_PARTS = (
     "_closed",
     "config",
 )
+#: what write_records reads and sets (slots of kafka-python's record builders)
+_BUILDER_PARTS = ("_builder", "_next_offset", "_closed", "append")
+_BATCH_BUILDER_PARTS = (
+    "_buffer",
+    "_batch_size",
+    "_first_timestamp",
+    "_max_timestamp",
+    "_num_records",
+    "_last_offset",
+)
 _PRODUCER_PARTS = (
     "_accumulator",
     "_metadata",
@@ -98,6 +111,8 @@ def bulk_supported(producer: Any) -> str | None:
         [
             ("KafkaProducer.", producer, _PRODUCER_PARTS),
             ("KafkaProducer._accumulator.", accumulator, _ACCUMULATOR_PARTS),
+            ("MemoryRecordsBuilder.", MemoryRecordsBuilder, _BUILDER_PARTS),
+            ("DefaultRecordBatchBuilder.", DefaultRecordBatchBuilder, _BATCH_BUILDER_PARTS),
         ],
     )
     if unsupported is not None:
@@ -244,13 +259,15 @@ class BulkAppender:
         partition = self._partitioner.partition
         partitions = self._partitions
         limit = self._max_request_size - _RECORD_OVERHEAD
-        known: set[str] = set()
+        remembered = getattr(self._partitioner, "remembered", None)
+        counts: dict[str, int] = {}  # partitions per topic, read once per list
         grouped: dict[TopicPartition, list[tuple[Any, ...]]] = {}
         for topic, key, value, headers in rows:
-            if topic not in known:
+            count = counts.get(topic)
+            if count is None:
                 if metadata.partitions_for_topic(topic) is None:
                     self._producer._wait_on_metadata(topic, self._max_block_ms)
-                known.add(topic)
+                count = counts[topic] = len(metadata.partitions_for_topic(topic) or ())
             key_bytes = None if key is None else key.encode("utf-8")
             size = len(value) + (0 if key_bytes is None else len(key_bytes))
             if headers:
@@ -260,7 +277,11 @@ class BulkAppender:
                     f"a record for topic {topic} is {size + _RECORD_OVERHEAD} bytes, more "
                     f"than max.request.size ({self._max_request_size})"
                 )
-            number = partition(topic, None, key_bytes, None, None, metadata)
+            number = None
+            if remembered is not None and key_bytes is not None:
+                number = remembered(topic, key_bytes, count)
+            if number is None:
+                number = partition(topic, None, key_bytes, None, None, metadata)
             tp = partitions.get((topic, number))
             if tp is None:
                 tp = partitions[(topic, number)] = TopicPartition(topic, number)
@@ -286,19 +307,19 @@ class BulkAppender:
             if batch is not None:
                 delivery.add(batch)
             created = False
-            for key, value, headers in records:
-                if (
-                    batch is not None
-                    and batch.records.append(timestamp, key, value, headers) is not None
-                ):
-                    continue
+            done, count = 0, len(records)
+            if batch is not None:
+                done = write_records(batch.records, records, done, timestamp)
+            while done < count:
                 batch = self._new_batch(tp, now)  # none, or full: the sender takes it
                 queue.append(batch)
                 created = True
                 accumulator._incomplete.add(batch)
                 delivery.add(batch)
-                if batch.records.append(timestamp, key, value, headers) is None:
+                wrote = write_records(batch.records, records, done, timestamp)
+                if wrote == done:
                     raise kafka_errors.IllegalStateError(f"{tp}: an empty batch refused a record")
+                done = wrote
             if batch is None:
                 return False
             batch.last_append = now
@@ -309,6 +330,82 @@ class BulkAppender:
         batch = ProducerBatch(tp, records, now=now)
         batch._record_futures = _FuturesOnDemand(batch)
         return batch
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (an int64) as a zigzag varint (Kafka's record format v2)."""
+    return varint((value << 1) ^ (value >> 63))
+
+
+#: the zigzag varints of 0..8191 (one or two bytes): record sizes, offset and time deltas
+_VARINTS = [_varint(n) for n in range(8192)]
+
+
+def write_records(
+    builder: MemoryRecordsBuilder,
+    records: Sequence[tuple[Any, ...]],
+    start: int,
+    timestamp: int,
+) -> int:
+    """Writes ``records[start:]`` into ``builder`` while they fit; the index after the last
+    one written. An empty batch takes its first record whatever its size (as kafka-python's).
+
+    Each record is laid out as kafka-python's ``DefaultRecordBatchBuilder.append`` lays it out
+    (record format v2: length, attributes, timestamp delta, offset delta, key, value, headers),
+    without its per-record type checks, metadata object and varint calls; a record with
+    headers is appended by kafka-python (dead letters only).
+    """
+    inner = builder._builder
+    if builder._closed:
+        return start
+    buffer = inner._buffer
+    limit = inner._batch_size
+    varints = _VARINTS
+    offset = builder._next_offset
+    ts = b""  # the timestamp delta's varint: known once the batch has a first timestamp
+    index = start
+    for index in range(start, len(records)):
+        key, value, headers = records[index]
+        if headers:
+            builder._next_offset = offset
+            if builder.append(timestamp, key, value, headers) is None:
+                return index
+            offset = builder._next_offset
+            ts = b""
+            continue
+        if not ts:
+            first = inner._first_timestamp
+            delta = 0 if first is None else timestamp - first
+            ts = varints[delta] if 0 <= delta < 8192 else _varint(delta)
+        if key is None:
+            key_part = b"\x01"  # -1: null
+        else:
+            size = len(key)
+            key_part = (varints[size] if size < 8192 else _varint(size)) + key
+        if value is None:
+            value_part = b"\x01"
+        else:
+            size = len(value)
+            value_part = (varints[size] if size < 8192 else _varint(size)) + value
+        offset_part = varints[offset] if offset < 8192 else _varint(offset)
+        size = 2 + len(ts) + len(offset_part) + len(key_part) + len(value_part)
+        size_part = varints[size] if size < 8192 else _varint(size)
+        if inner._num_records:
+            if len(buffer) + len(size_part) + size > limit:
+                builder._next_offset = offset
+                return index
+            if inner._max_timestamp < timestamp:
+                inner._max_timestamp = timestamp
+        else:
+            inner._first_timestamp = inner._max_timestamp = timestamp
+        buffer += b"".join((size_part, b"\x00", ts, offset_part, key_part, value_part, b"\x00"))
+        inner._num_records += 1
+        inner._last_offset = offset
+        offset += 1
+    else:
+        index = len(records)
+    builder._next_offset = offset
+    return index
 
 
 def send_each(producer: Any, rows: Iterable[Row]) -> Delivery:

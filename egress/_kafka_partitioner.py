@@ -32,6 +32,11 @@ class KeyPartitioner(DefaultPartitioner):  # type: ignore[misc]
     def __init__(self) -> None:
         self._cache: dict[tuple[str, bytes], tuple[int, int]] = {}
 
+    def remembered(self, topic: str, serialized_key: bytes, count: int) -> int | None:
+        """The partition of a key seen before while ``topic`` had ``count`` partitions."""
+        hit = self._cache.get((topic, serialized_key))
+        return hit[1] if hit is not None and hit[0] == count else None
+
     def partition(
         self,
         topic: str,
