@@ -34,7 +34,7 @@ from statefun.runtime._functions import (
     RemoteFunction,
     StateSpec,
 )
-from statefun.runtime._remote import decode_from_function, encode_to_function
+from statefun.runtime._remote import decode_from_function, encode_to_function, invocation
 from statefun.runtime._timers import now_ms
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import EgressMessage, Message
@@ -104,6 +104,9 @@ class Dispatcher:
         self.busy: dict[AddressKey, deque[Envelope]] = {}
         #: addresses with a batch in flight -> that batch (its effects are not applied yet)
         self.in_flight: dict[AddressKey, list[Envelope]] = {}
+        #: busy addresses of remote functions: messages waiting in their mailboxes are encoded
+        #: there, while the batch in flight is away, not when their own batch is sent
+        self._encode_ahead: set[AddressKey] = set()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
@@ -169,6 +172,8 @@ class Dispatcher:
         mailbox = self.busy.get(key)
         if mailbox is not None:
             mailbox.append(envelope)
+            if key in self._encode_ahead:
+                envelope.wire = invocation(envelope)
             self.job.note_mailbox(key, len(mailbox))
             return 0
         function = self.job.functions.resolve(envelope.typename)
@@ -181,6 +186,8 @@ class Dispatcher:
             )
             return 1
         self.busy[key] = deque()
+        if type(function) is RemoteFunction:
+            self._encode_ahead.add(key)
         # In flight from now on (not from when the task first runs): a checkpoint cut in
         # between must still see this message.
         self.in_flight[key] = [envelope]
@@ -303,6 +310,7 @@ class Dispatcher:
         finally:
             self.busy.pop(key, None)
             self.in_flight.pop(key, None)
+            self._encode_ahead.discard(key)
             job.mailbox_taken(key, 0)
 
     async def _call_embedded_async(

@@ -31,7 +31,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import encode_address, encode_typed_value, varint
 
-__all__ = ["RemoteClient", "decode_from_function", "encode_to_function"]
+__all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,20 @@ def encode_to_function(
             value = encode_typed_value(typed.typename, typed.has_value, typed.value)
         parts.append(_ld(b"\x12", _ld(b"\x0a", name.encode("utf-8")) + _ld(b"\x12", value)))
     for envelope in batch:
-        caller = envelope.caller
-        body = b""
-        if caller is not None:
-            body = _ld(b"\x0a", encode_address(caller.typename, caller.id))
-        v = envelope.value
-        body += _ld(b"\x12", encode_typed_value(v.typename, v.has_value, v.value))
-        parts.append(_ld(b"\x1a", body))
+        wire = envelope.wire
+        parts.append(invocation(envelope) if wire is None else wire)
     return _ld(b"\xa2\x06", b"".join(parts))
+
+
+def invocation(envelope: Envelope) -> bytes:
+    """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest."""
+    caller = envelope.caller
+    body = b""
+    if caller is not None:
+        body = _ld(b"\x0a", encode_address(caller.typename, caller.id))
+    v = envelope.value
+    body += _ld(b"\x12", encode_typed_value(v.typename, v.has_value, v.value))
+    return _ld(b"\x1a", body)
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

@@ -404,14 +404,17 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     )
     largest = 0
     gate_closed_by_mailbox = False
+    encoded_ahead = False
 
     async def watch() -> None:
-        nonlocal largest, gate_closed_by_mailbox
+        nonlocal largest, gate_closed_by_mailbox, encoded_ahead
         while True:
             gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
             for dispatcher in job.dispatchers:
                 mailbox = dispatcher.busy.get(("test/counter", "hot"))
                 largest = max(largest, len(mailbox) if mailbox else 0)
+                # waiting messages of a remote function are encoded while they wait
+                encoded_ahead |= bool(mailbox) and all(e.wire is not None for e in mailbox or ())
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(watch())
@@ -422,6 +425,7 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
         await runner.cleanup()
     assert sink.values == [f"hot={i}" for i in range(1, 101)]
     assert gate_closed_by_mailbox
+    assert encoded_ahead
     assert 5 < largest <= 30
 
 

@@ -1,0 +1,55 @@
+"""The runtime's ToFunction encoder (statefun.runtime._remote): what protobuf reads from it, and
+the same bytes whether invocations were encoded ahead (while waiting in a mailbox) or not."""
+
+from __future__ import annotations
+
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._remote import encode_to_function, invocation
+from statefun.sdk import TypedValue
+from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.sdk._spec import SdkAddress
+
+FN = "com.example/counter"
+
+
+def envelopes() -> list[Envelope]:
+    caller = SdkAddress("org.x", "sender", "s-1", "org.x/sender")
+    return [
+        Envelope(FN, "k", TypedValue("io.statefun.types/int", b"\x08\x01"), None),
+        Envelope(FN, "k", TypedValue("com.example/blob", b"x" * 300), caller),
+        Envelope(FN, "k", TypedValue("com.example/empty", None), None),
+    ]
+
+
+def test_what_protobuf_reads() -> None:
+    states = [("seen", "io.statefun.types/int", TypedValue("io.statefun.types/int", b"\x08\x07"))]
+    states.append(("never", "io.statefun.types/string", None))
+    request = pb.ToFunction.FromString(encode_to_function(FN, "k", states, envelopes()))
+    batch = request.invocation
+    assert (batch.target.namespace, batch.target.type, batch.target.id) == (
+        "com.example",
+        "counter",
+        "k",
+    )
+    assert [(s.state_name, s.state_value.has_value) for s in batch.state] == [
+        ("seen", True),
+        ("never", False),
+    ]
+    args = [
+        (i.argument.typename, i.argument.has_value, i.argument.value) for i in batch.invocations
+    ]
+    assert args == [
+        ("io.statefun.types/int", True, b"\x08\x01"),
+        ("com.example/blob", True, b"x" * 300),
+        ("com.example/empty", False, b""),
+    ]
+    assert batch.invocations[1].caller.id == "s-1"
+    assert not batch.invocations[0].HasField("caller")
+
+
+def test_encoded_ahead_or_not_the_same_bytes() -> None:
+    late = envelopes()
+    ahead = envelopes()
+    for envelope in ahead[1:]:
+        envelope.wire = invocation(envelope)
+    assert encode_to_function(FN, "k", [], ahead) == encode_to_function(FN, "k", [], late)
