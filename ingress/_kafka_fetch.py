@@ -3,14 +3,15 @@
 kafka-python 3.0 turns each record of a fetch response into a ``ConsumerRecord`` through a
 generator that, per record, reads it into a ``DefaultRecord`` (a property per field), copies key
 and value twice (a bytearray slice, then ``bytes``), calls the deserializer hook twice, sums the
-header sizes and builds the namedtuple with keywords: ~3 us of CPU per record, about a quarter
-of the runtime's CPU while it works off a backlog of small records on one hot key (a py-spy
-profile of ``bench/statefun_jvm_vs_pystatefun.py``).
+header sizes and builds the namedtuple with keywords: with the consumer's other work, 4.0 us of
+CPU per small record (``bench/kafka_consumer.py``), about a quarter of the runtime's CPU while
+it works off a backlog on one hot key (a py-spy profile of
+``bench/statefun_jvm_vs_pystatefun.py``).
 
 :class:`LeanPartitionRecords` takes the place of kafka-python's ``Fetcher.PartitionRecords`` in
 the ingress's consumer (:func:`install`) and gives the same ``ConsumerRecord`` values, field for
-field (the integration tests compare both against a real broker), for about a quarter of the
-CPU. Per fetched partition, batch by batch:
+field (the integration tests compare both against a real broker): 1.6 us per small record
+with the consumer's other work (2.5x less). Per fetched partition, batch by batch:
 
 1. The batch's CRC is checked (``check_crcs``, as kafka-python does).
 2. Batches of record format v0/v1 (brokers before 0.11) go through kafka-python's own record
