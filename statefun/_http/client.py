@@ -23,6 +23,7 @@ import asyncio
 import collections
 import re
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -305,18 +306,26 @@ class HttpPool:
         read_timeout: float,
         total_timeout: float,
         max_response_bytes: int | None = None,
+        before_wait: Callable[[], None] | None = None,
     ) -> Response:
         """POST ``body``; the response.
 
         ``read_timeout`` bounds each wait for response bytes, ``total_timeout`` the whole call
-        (connecting included); either raises TimeoutError.
+        (connecting included); either raises TimeoutError. ``before_wait`` is called when the
+        request is written, or before waiting for a connection if none is idle.
         """
         loop = self.loop
         deadline = loop.time() + total_timeout
-        connection = await self._acquire(target, connect_timeout, deadline)
+        connection = self._reuse(target)
+        if connection is None:
+            if before_wait is not None:
+                before_wait()
+            connection = await self._acquire(target, connect_timeout, deadline)
         waiter: asyncio.Future[Response] = loop.create_future()
         connection.limit = max_response_bytes or self.max_response_bytes
         connection.send(target.head, body, waiter)
+        if before_wait is not None:
+            before_wait()
         timer = loop.call_at(
             min(loop.time() + read_timeout, deadline),
             self._check_time,

@@ -9,16 +9,21 @@ A dispatcher owns a contiguous range of key groups. Messages arrive in its inbox
   the endpoint's ``maxNumBatchRequests``. All registered state of the address goes with each
   batch; an IncompleteInvocationContext registers the missing specs and the batch is retried.
 
-The results of an invocation are applied in one step: state, then outgoing messages through
-the feedback channel (back to keyBy), delayed messages and cancellations to the timer service,
-egress records to the sinks. A failed batch changes nothing.
+The results of an invocation are applied in one loop step: state, then outgoing messages
+through the feedback channel (back to keyBy), delayed messages and cancellations to the timer
+service, egress records to the sinks. A failed batch changes nothing. When a remote address
+has its next batch waiting, that step writes the next request (with the new state) before the
+other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
+waited for in between, so a checkpoint cut sees all of a batch's results or none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import (
@@ -91,6 +96,25 @@ def _with_deadlines(
         ):
             values[name] = ExpiringValue(value, now + spec.ttl_ms)
     return values
+
+
+class _Held:
+    """A remote batch's outputs and its release, sent once, when first called."""
+
+    __slots__ = ("_count", "_outputs", "_release")
+
+    def __init__(
+        self, outputs: Callable[[], None], release: Callable[[int], None], count: int
+    ) -> None:
+        self._outputs: Callable[[], None] | None = outputs
+        self._release = release
+        self._count = count
+
+    def __call__(self) -> None:
+        outputs, self._outputs = self._outputs, None
+        if outputs is not None:
+            outputs()
+            self._release(self._count)
 
 
 class Dispatcher:
@@ -274,11 +298,19 @@ class Dispatcher:
         batch: list[Envelope],
     ) -> None:
         job = self.job
+        # The outputs of a remote batch whose state is applied (messages, delayed messages,
+        # egress records, and its release) wait until the address's next request is written,
+        # so that the function server gets it sooner: they are sent before the dispatcher
+        # first waits for anything (``_Held``), in the step that applied the state, so no
+        # checkpoint cut falls between the two.
+        held: _Held | None = None
         try:
             while True:
                 self.in_flight[key] = batch
                 try:
                     if isinstance(function, RemoteFunction):
+                        if held is not None and job.remote_slots.locked():
+                            held()  # no slot free: this would wait
                         async with job.remote_slots:
                             # Top the batch up with what arrived while waiting for a slot
                             # (in the same step as taking it from the mailbox).
@@ -288,16 +320,29 @@ class Dispatcher:
                                 batch.append(mailbox.popleft())
                                 room -= 1
                             job.mailbox_taken(key, len(mailbox))
-                            await self._call_remote(function, key, key_group, batch)
+                            try:
+                                outputs = await self._call_remote(
+                                    function, key, key_group, batch, held
+                                )
+                            finally:
+                                if held is not None:
+                                    held()  # (if the call did not)
+                                    held = None
+                        held = _Held(outputs, job.release, len(batch))
                     else:
                         await self._call_embedded_async(function, key, key_group, batch)
+                        job.release(len(batch))
                 except FunctionInvocationError as exc:
                     job.on_failure(function.typename, batch, exc)
+                    job.release(len(batch))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
                     job.on_failure(function.typename, batch, TerminalFunctionError(str(exc)))
-                job.release(len(batch))
+                    job.release(len(batch))
                 mailbox = self.busy[key]
                 if not mailbox:
+                    if held is not None:
+                        held()
+                        held = None
                     return
                 size = min(len(mailbox), job.batch_limit(function.typename))
                 batch = [mailbox.popleft() for _ in range(size)]
@@ -359,8 +404,16 @@ class Dispatcher:
             job.egress(record.typename, record.typed_value)
 
     async def _call_remote(
-        self, function: RemoteFunction, key: AddressKey, key_group: int, batch: list[Envelope]
-    ) -> None:
+        self,
+        function: RemoteFunction,
+        key: AddressKey,
+        key_group: int,
+        batch: list[Envelope],
+        before_wait: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:
+        """Call ``function`` with ``batch`` and apply the state it returns; its other outputs,
+        to send. ``before_wait`` is called once the request is written, or before anything
+        else is waited for."""
         job = self.job
         typename, id_ = key
         for _ in range(_MAX_SPEC_ROUNDS):
@@ -371,14 +424,18 @@ class Dispatcher:
                 (name, spec.typename, values.get(name)) for name, spec in function.specs.items()
             ]
             body = encode_to_function(typename, id_, states, batch)
-            raw = await job.client.call(function.url, body, function.endpoint.transport, typename)
+            raw = await job.client.call(
+                function.url, body, function.endpoint.transport, typename, before_wait
+            )
             response = decode_from_function(raw, typename)
             if response.HasField("incomplete_invocation_context"):
                 self._register_specs(function, response.incomplete_invocation_context)
                 continue
-            self._apply_remote(function, key, key_group, values, response.invocation_result, now)
+            outputs = self._apply_remote(
+                function, key, key_group, values, response.invocation_result, now
+            )
             self.invocations += len(batch)
-            return
+            return outputs
         raise TerminalFunctionError(
             f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
         )
@@ -415,7 +472,9 @@ class Dispatcher:
         values: dict[str, Any],
         result: Any,
         now: int,
-    ) -> None:
+    ) -> Callable[[], None]:
+        """Apply the state of a batch's result (checked whole first); its other outputs, to
+        send (``_emit``)."""
         typename = function.typename
         # Check everything first: a malformed response must change nothing.
         messages: list[Message] = []
@@ -476,4 +535,4 @@ class Dispatcher:
                 values = _with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
-        self._emit(key, self._address(key), messages, delayed, egress)
+        return functools.partial(self._emit, key, self._address(key), messages, delayed, egress)

@@ -14,7 +14,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -184,9 +184,24 @@ class RemoteClient:
         )
         return plan
 
-    async def call(self, url: str, body: bytes, transport: TransportSpec, typename: str) -> bytes:
-        """POST ``body`` to ``url``; the response body. Retries until the call timeout."""
+    async def call(
+        self,
+        url: str,
+        body: bytes,
+        transport: TransportSpec,
+        typename: str,
+        before_wait: Callable[[], None] | None = None,
+    ) -> bytes:
+        """POST ``body`` to ``url``; the response body. Retries until the call timeout.
+
+        ``before_wait`` (if given) is called once the request is written, or before the call
+        first waits for anything else (a connection, the pool, a retry), or as it fails: the
+        dispatcher sends the outputs of an address's previous batch then. It may be called
+        more than once and must act once.
+        """
         if self._pool is None:
+            if before_wait is not None:
+                before_wait()
             await self.start()
         pool = self._pool
         assert pool is not None
@@ -200,7 +215,14 @@ class RemoteClient:
             # the pool bounds the connect time by this too
             timeout = call_timeout if attempt == 1 else max(0.001, deadline - time.monotonic())
             try:
-                response = await pool.post(target, body, connect, read, timeout, limit)
+                try:
+                    response = await pool.post(
+                        target, body, connect, read, timeout, limit, before_wait
+                    )
+                finally:
+                    if before_wait is not None:
+                        before_wait()  # (if the pool did not: it failed before waiting)
+                        before_wait = None
                 if response.status == 200:
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()

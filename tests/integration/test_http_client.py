@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import ssl
 import subprocess
@@ -873,3 +874,48 @@ async def test_pool_ttl_retires_old_connections(tmp_path: Path) -> None:
             assert server.accepted == 2  # without a ttl the second connection serves on
         finally:
             await remote.close()
+
+
+async def first_step(coro: Any) -> asyncio.Task[Any]:
+    """``coro`` as a task that has run one step: up to where it first waits."""
+    task = asyncio.ensure_future(coro)
+    await asyncio.sleep(0)  # the task's first step runs, then this resumes
+    return task
+
+
+async def test_before_wait_comes_before_the_first_wait(pool: HttpPool) -> None:
+    """The dispatcher sends a batch's outputs from ``before_wait``: in the step that writes the
+    next request, or before any wait - never after one (a checkpoint could fall in between)."""
+    async with RawServer(echo_handler()) as server:
+        target = parse_target(server.url)
+        for idle in (False, True):  # a new connection, then the idle one
+            calls: list[str] = []
+            post = pool.post(
+                target,
+                b"x",
+                DEADLINE,
+                DEADLINE,
+                DEADLINE,
+                before_wait=functools.partial(calls.append, "w"),
+            )
+            # it connects (waits) or writes the request (then waits for its reply)
+            task = await first_step(post)
+            assert calls, f"idle={idle}: not called before the first wait"
+            response = await task
+            assert response.body == b"echo:x"
+            assert len(calls) == (2 if not idle else 1)  # the caller makes it act once
+
+
+async def test_before_wait_is_called_when_the_call_fails_at_once(client: RemoteClient) -> None:
+    calls: list[str] = []
+    call = client.call(
+        "http://127.0.0.1:9/nothing-listens",
+        b"x",
+        transport(call=0.2),
+        "test/fn",
+        before_wait=lambda: calls.append("w"),
+    )
+    task = await first_step(call)
+    assert calls
+    with pytest.raises(RetryableFunctionError):
+        await task

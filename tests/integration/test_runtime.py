@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import io
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -373,56 +373,107 @@ async def test_http_ingress_answers_every_request_with_a_reason() -> None:
                 assert (response.status, text in got) == (status, True), (what, got)
 
 
-async def test_mailbox_past_max_batch_stops_the_sources() -> None:
-    """Backpressure: past maxNumBatchRequests a hot key's mailbox closes the sources' gate.
-
-    What was admitted before the gate closed still arrives, so the mailbox is bounded by
-    max_in_flight_messages, and the gate stays closed until it is back under the limit.
-    """
+@contextlib.asynccontextmanager
+async def function_server(
+    respond: Callable[[bytes, Callable[[bytes], Awaitable[bytes]]], Awaitable[Any]],
+) -> AsyncIterator[str]:
+    """An aiohttp server on 127.0.0.1 for the test functions; ``respond(body, handle)`` gives
+    the response (bytes, or an aiohttp Response), ``handle`` the SDK's answer to ``body``."""
     from aiohttp import web
 
     from statefun.sdk import RequestReplyHandler
 
     handler = RequestReplyHandler(functions)
 
-    async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(0.02)
-        return web.Response(body=await handler.handle_async(await request.read()))
+    async def answer(request: web.Request) -> web.Response:
+        got = await respond(await request.read(), handler.handle_async)
+        return got if isinstance(got, web.Response) else web.Response(body=got)
 
     app = web.Application()
-    app.router.add_post("/statefun", slow)
+    app.router.add_post("/statefun", answer)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/statefun"
-    sink = ListSink()
-    job = Job(
-        ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
-        Settings(max_in_flight_messages=30),
-        sources=[ScriptSource([("test/counter", "hot", "x")] * 100)],
-        sinks=[sink],
-    )
-    largest = 0
-    gate_closed_by_mailbox = False
-    encoded_ahead = False
-
-    async def watch() -> None:
-        nonlocal largest, gate_closed_by_mailbox, encoded_ahead
-        while True:
-            gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
-            for dispatcher in job.dispatchers:
-                mailbox = dispatcher.busy.get(("test/counter", "hot"))
-                largest = max(largest, len(mailbox) if mailbox else 0)
-                # waiting messages of a remote function are encoded while they wait
-                encoded_ahead |= bool(mailbox) and all(e.wire is not None for e in mailbox or ())
-            await asyncio.sleep(0)
-
-    watcher = asyncio.create_task(watch())
     try:
-        await asyncio.wait_for(job.run(), 30)
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/statefun"
     finally:
-        watcher.cancel()
         await runner.cleanup()
+
+
+async def test_a_batchs_outputs_go_out_when_the_next_batch_fails() -> None:
+    """The outputs of a remote batch are sent once the address's next request is written; a
+    next batch that fails for good does not take them along: every message ends either as an
+    output (in order) or as a dead letter."""
+    from aiohttp import web
+
+    requests = 0
+
+    async def second_fails(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> Any:
+        nonlocal requests
+        requests += 1
+        await asyncio.sleep(0.01)  # messages pile up into the next batch meanwhile
+        if requests == 2:
+            return web.Response(status=400, text="no")
+        return await handle(body)
+
+    sink = ListSink()
+    async with function_server(second_fails) as url:
+        job = Job(
+            ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
+            Settings(remote_failure_policy="dead-letter"),
+            sources=[ScriptSource([("test/counter", "hot", "x")] * 40)],
+            sinks=[sink],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert requests >= 3
+    counted = len(sink.values)
+    assert 0 < counted < 40 and job.dead_letters == 40 - counted
+    # the first batch's outputs (before the failed one) and all after it, counting on from
+    # the state the first batch left
+    assert sink.values == [f"hot={i}" for i in range(1, counted + 1)]
+
+
+async def test_mailbox_past_max_batch_stops_the_sources() -> None:
+    """Backpressure: past maxNumBatchRequests a hot key's mailbox closes the sources' gate.
+
+    What was admitted before the gate closed still arrives, so the mailbox is bounded by
+    max_in_flight_messages, and the gate stays closed until it is back under the limit.
+    """
+
+    async def slow(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+        await asyncio.sleep(0.02)
+        return await handle(body)
+
+    async with function_server(slow) as url:
+        sink = ListSink()
+        job = Job(
+            ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
+            Settings(max_in_flight_messages=30),
+            sources=[ScriptSource([("test/counter", "hot", "x")] * 100)],
+            sinks=[sink],
+        )
+        largest = 0
+        gate_closed_by_mailbox = False
+        encoded_ahead = False
+
+        async def watch() -> None:
+            nonlocal largest, gate_closed_by_mailbox, encoded_ahead
+            while True:
+                gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
+                for dispatcher in job.dispatchers:
+                    mailbox = dispatcher.busy.get(("test/counter", "hot"))
+                    largest = max(largest, len(mailbox) if mailbox else 0)
+                    # waiting messages of a remote function are encoded while they wait
+                    encoded_ahead |= bool(mailbox) and all(
+                        e.wire is not None for e in mailbox or ()
+                    )
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await asyncio.wait_for(job.run(), 30)
+        finally:
+            watcher.cancel()
     assert sink.values == [f"hot={i}" for i in range(1, 101)]
     assert gate_closed_by_mailbox
     assert encoded_ahead
