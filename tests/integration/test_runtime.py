@@ -400,7 +400,7 @@ async def function_server(
         await runner.cleanup()
 
 
-async def test_a_batchs_outputs_go_out_when_the_next_batch_fails() -> None:
+async def test_a_batchs_outputs_go_out_when_the_next_batch_fails(tmp_path: Path) -> None:
     """The outputs of a remote batch are sent once the address's next request is written; a
     next batch that fails for good does not take them along: every message ends either as an
     output (in order) or as a dead letter."""
@@ -420,7 +420,10 @@ async def test_a_batchs_outputs_go_out_when_the_next_batch_fails() -> None:
     async with function_server(second_fails) as url:
         job = Job(
             ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
-            Settings(remote_failure_policy="dead-letter"),
+            Settings(
+                remote_failure_policy="dead-letter",
+                dead_letter_path=str(tmp_path / "dead-letters.jsonl"),
+            ),
             sources=[ScriptSource([("test/counter", "hot", "x")] * 40)],
             sinks=[sink],
         )
@@ -428,6 +431,7 @@ async def test_a_batchs_outputs_go_out_when_the_next_batch_fails() -> None:
     assert requests >= 3
     counted = len(sink.values)
     assert 0 < counted < 40 and job.dead_letters == 40 - counted
+    assert len((tmp_path / "dead-letters.jsonl").read_text().splitlines()) == 40 - counted
     # the first batch's outputs (before the failed one) and all after it, counting on from
     # the state the first batch left
     assert sink.values == [f"hot={i}" for i in range(1, counted + 1)]
