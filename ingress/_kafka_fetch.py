@@ -129,7 +129,7 @@ class LeanPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
                 # 1. the batch's checksum
                 if self.check_crcs and not batch.validate_crc():
                     raise CorruptRecordError(
-                        f"Record batch for partition {tp} at offset {batch.base_offset} "
+                        f"Record batch of partition {_tp_name(tp)} at offset {batch.base_offset}: "
                         "failed crc check"
                     )
                 # 2. record formats v0/v1
@@ -165,7 +165,7 @@ class LeanPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
             elif self._is_batch_aborted(batch):
                 log.debug(
                     "%s: skipping aborted batch of producer %s, offsets %s to %s",
-                    tp_name(self.topic_partition),
+                    _tp_name(self.topic_partition),
                     batch.producer_id,
                     batch.base_offset,
                     batch.last_offset,
@@ -178,7 +178,8 @@ class LeanPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
         for record in batch:
             if self.check_crcs and not record.validate_crc():
                 raise CorruptRecordError(
-                    f"Record for partition {tp} at offset {record.offset} failed crc check"
+                    f"Record of partition {_tp_name(tp)} at offset {record.offset}: "
+                    "failed crc check"
                 )
             self.records_read += 1
             self.bytes_read += record.size_in_bytes
@@ -192,10 +193,11 @@ class LeanPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc]
                 record.key,
                 record.value,
                 record.headers,
+                record.checksum,
             )
 
 
-def tp_name(tp: Any) -> str:
+def _tp_name(tp: Any) -> str:
     """A topic partition as Kafka's tools write it: topic-partition."""
     return f"{tp.topic}-{tp.partition}"
 
@@ -215,6 +217,7 @@ def _consumer_record(
     key: bytes | None,
     value: bytes | None,
     headers: list[tuple[str, bytes | None]],
+    checksum: int | None,
 ) -> Any:
     return _new_record(
         ConsumerRecord,
@@ -228,7 +231,7 @@ def _consumer_record(
             key,
             value,
             headers,
-            None,
+            checksum,
             -1 if key is None else len(key),
             -1 if value is None else len(value),
             _header_size(headers),
@@ -342,7 +345,7 @@ def _read_batch(tp: Any, batch: Any, epoch: int) -> tuple[list[Any], int]:
                 header_size = _header_size(headers)
             if pos != end:
                 raise CorruptRecordError(
-                    f"Record of partition {tp_name(tp)} at offset {offset}: its length says "
+                    f"Record of partition {_tp_name(tp)} at offset {offset}: its length says "
                     f"{length} bytes, its fields take {length + pos - end}"
                 )
             append(
@@ -367,12 +370,12 @@ def _read_batch(tp: Any, batch: Any, epoch: int) -> tuple[list[Any], int]:
             )
     except (IndexError, ValueError) as exc:
         raise CorruptRecordError(
-            f"Record batch of partition {tp_name(tp)} at offset {base_offset}: cut short or "
+            f"Record batch of partition {_tp_name(tp)} at offset {base_offset}: cut short or "
             f"garbled after offset {offset} ({exc})"
         ) from exc
     if pos != len(data):
         raise CorruptRecordError(
-            f"Record batch of partition {tp_name(tp)} at offset {base_offset}: "
+            f"Record batch of partition {_tp_name(tp)} at offset {base_offset}: "
             f"{len(data) - pos} bytes left after its {count} records"
         )
     return found, pos - start
@@ -384,14 +387,14 @@ def _read_headers(
     count, pos = _varint(data, pos)
     if count < 0:
         raise CorruptRecordError(
-            f"Record of partition {tp_name(tp)} at offset {offset}: {count} headers"
+            f"Record of partition {_tp_name(tp)} at offset {offset}: {count} headers"
         )
     headers: list[tuple[str, bytes | None]] = []
     for _ in range(count):
         size, pos = _varint(data, pos)
         if size < 0:
             raise CorruptRecordError(
-                f"Record of partition {tp_name(tp)} at offset {offset}: a header key of "
+                f"Record of partition {_tp_name(tp)} at offset {offset}: a header key of "
                 f"length {size}"
             )
         name = data[pos : pos + size].decode("utf-8")
