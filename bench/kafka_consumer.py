@@ -33,12 +33,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._common import cpu_seconds, progress  # noqa: E402
+from bench._jvm_processes import create_topics  # noqa: E402
 from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
 from statefun.ingress._kafka_fetch import install  # noqa: E402
 from statefun.ingress.kafka import DEFAULT_POLL_RECORDS, import_kafka  # noqa: E402
 
 kafka = import_kafka()
-from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
 #: topic shapes: name -> (compression, headers per record)
 SHAPES: dict[str, tuple[str | None, int]] = {
@@ -52,11 +52,7 @@ READERS = ("kafka-python", "lean")
 def fill(bootstrap: str, shape: str, records: int) -> str:
     compression, header_count = SHAPES[shape]
     topic = f"bench-consumer-{shape}-{time.time_ns()}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        admin.close()
+    create_topics(bootstrap, [topic])
     producer = kafka.KafkaProducer(
         bootstrap_servers=bootstrap,
         compression_type=compression,
@@ -86,8 +82,9 @@ def read(bootstrap: str, topic: str, records: int, reader: str) -> tuple[float, 
         max_poll_records=DEFAULT_POLL_RECORDS,
     )
     try:
-        if reader == "lean" and install(consumer) is not None:
-            raise RuntimeError(f"the lean reader cannot be used: {install(consumer)}")
+        unsupported = install(consumer) if reader == "lean" else None
+        if unsupported is not None:
+            raise RuntimeError(f"the lean reader cannot be used: {unsupported}")
         partition = kafka.TopicPartition(topic, 0)
         consumer.assign([partition])
         consumer.seek_to_beginning(partition)

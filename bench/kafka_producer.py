@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._common import cpu_seconds, progress  # noqa: E402
+from bench._jvm_processes import create_topics  # noqa: E402
 from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
 from statefun.egress._kafka_append import BulkAppender  # noqa: E402
 from statefun.egress._kafka_partitioner import KeyPartitioner  # noqa: E402
@@ -42,7 +43,6 @@ from statefun.egress.kafka import DEFAULT_BATCH_BYTES, DEFAULT_LINGER_MS  # noqa
 from statefun.ingress.kafka import import_kafka  # noqa: E402
 
 kafka = import_kafka()
-from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 from kafka.producer.sender import Sender  # noqa: E402
 
 
@@ -79,11 +79,7 @@ def count_wakeups() -> list[int]:
 
 def run(bootstrap: str, name: str, records: int, wakeups: list[int]) -> dict[str, float]:
     topic = f"bench-producer-{name}-{time.time_ns()}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        admin.close()
+    create_topics(bootstrap, [topic])
     producer = kafka.KafkaProducer(
         bootstrap_servers=bootstrap,
         enable_idempotence=True,

@@ -363,7 +363,6 @@ def write_records(
     varints = _VARINTS
     offset = builder._next_offset
     ts = b""  # the timestamp delta's varint: known once the batch has a first timestamp
-    index = start
     for index in range(start, len(records)):
         key, value, headers = records[index]
         if headers:
@@ -402,10 +401,8 @@ def write_records(
         inner._num_records += 1
         inner._last_offset = offset
         offset += 1
-    else:
-        index = len(records)
     builder._next_offset = offset
-    return index
+    return len(records)
 
 
 def send_each(producer: Any, rows: Iterable[Row]) -> Delivery:

@@ -49,9 +49,9 @@ class KeyPartitioner(DefaultPartitioner):  # type: ignore[misc]
         if serialized_key is None:  # spread over the partitions
             return int(super().partition(topic, key, None, value, serialized_value, cluster))
         count = len(cluster.partitions_for_topic(topic) or ())
-        remembered = self._cache.get((topic, serialized_key))
-        if remembered is not None and remembered[0] == count:
-            return remembered[1]
+        remembered = self.remembered(topic, serialized_key, count)
+        if remembered is not None:
+            return remembered
         # without metadata for the topic (count 0) the default raises the error that says so
         chosen = int(
             super().partition(topic, key, serialized_key, value, serialized_value, cluster)

@@ -367,9 +367,8 @@ class HttpPool:
     async def _acquire(
         self, target: Target, connect_timeout: float, deadline: float
     ) -> _Connection:
-        connection = self._reuse(target)
-        if connection is not None:
-            return connection
+        """A connection for ``target`` when none was idle: one freed by another call while
+        waiting for room in the pool, or a new one."""
         while self._open >= self.max_connections:
             self._close_one_idle()
             waiter: asyncio.Future[None] = self.loop.create_future()

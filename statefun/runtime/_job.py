@@ -191,7 +191,7 @@ class Job:
     def note_mailbox(self, key: tuple[str, str], size: int) -> None:
         """The mailbox of ``key`` (typename, id) grew to ``size``: past its batch limit,
         sources wait until a batch takes it back within the limit (:meth:`mailbox_taken`)."""
-        if size > self.batch_limit(key[0]) and key not in self._overfull_mailboxes:
+        if key not in self._overfull_mailboxes and size > self.batch_limit(key[0]):
             self._overfull_mailboxes.add(key)
             self._room.clear()
 
