@@ -123,6 +123,12 @@ class Sink(abc.ABC):
     #: Whether records wait for a checkpoint before they become visible.
     transactional: bool = False
 
+    def unsealed(self) -> int:
+        """Records written since the last cut that the next ``pre_commit`` would seal (0 for a
+        sink that is not transactional). The job checkpoints early when it goes idle with
+        such records, so they need not wait for the next interval."""
+        return 0
+
     def pre_commit(self, checkpoint_id: int) -> Any:
         """Seal the records since the last cut as transaction ``checkpoint_id``; its state."""
         return None

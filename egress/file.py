@@ -58,6 +58,9 @@ class FileSink(Sink):
 
     # -- two-phase commit ---------------------------------------------------------------------
 
+    def unsealed(self) -> int:
+        return len(self._buffer) if self.transactional else 0
+
     def pre_commit(self, checkpoint_id: int) -> Any:
         self._sealed[checkpoint_id] = self._take()
         # Everything not committed yet (a failed checkpoint's transaction rides along).

@@ -558,6 +558,9 @@ class KafkaSink(Sink):
             return None
         return self._free_slot()
 
+    def unsealed(self) -> int:
+        return len(self._open) + len(self._buffer) if self.transactional else 0
+
     def pre_commit(self, checkpoint_id: int) -> Any:
         if not self.transactional:
             unacknowledged = self._in_flight + self._buffer

@@ -107,6 +107,16 @@ class Settings:
             "checkpoint releases every reply held by then; under load they run back to back)"
         ),
     )
+    idle_checkpoint_delay_ms: int = field(
+        default=50,
+        metadata=_doc(
+            "when the job has worked off everything in flight while an exactly-once egress "
+            "holds records no checkpoint covers yet, a checkpoint starts this long after "
+            "(group commit) instead of at the next checkpoint_interval_ms, so output becomes "
+            "visible soon after the job catches up; 9x the CPU time the last checkpoint took "
+            "passes between its end and such an early one (at most ~10% of a core). 0: off"
+        ),
+    )
     restart_strategy: Literal["none", "fixed-delay", "exponential"] = field(
         default="exponential",
         metadata=_doc("how `statefun run` restarts a failed job from its last checkpoint"),
@@ -154,6 +164,8 @@ class Settings:
             raise ConfigurationError("checkpoint_interval_ms must be at least 10")
         if self.reply_checkpoint_delay_ms < 0:
             raise ConfigurationError("reply_checkpoint_delay_ms must be at least 0")
+        if self.idle_checkpoint_delay_ms < 0:
+            raise ConfigurationError("idle_checkpoint_delay_ms must be at least 0")
         if self.checkpoints_retained < 1:
             raise ConfigurationError("checkpoints_retained must be at least 1")
         for name, allowed in (

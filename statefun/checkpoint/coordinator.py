@@ -22,8 +22,11 @@ steps (``CheckpointCoordinator.checkpoint``):
    their positions are durable (Kafka offsets to the group, WAL trimming), and the sealed HTTP
    replies are released.
 
-When checkpoints start: every ``checkpoint_interval_ms`` (start to start), and sooner when
-``request_soon`` asks (a held HTTP reply waits at most ``reply_checkpoint_delay_ms``).
+When checkpoints start: ``checkpoint_interval_ms`` after the start of the previous one; sooner
+when ``request_soon`` asks (a held HTTP reply waits at most ``reply_checkpoint_delay_ms``), or
+when ``request_when_idle`` asks (the job worked off everything in flight while an exactly-once
+egress holds records: ``idle_checkpoint_delay_ms`` later, and no sooner than 9x the CPU time
+the last checkpoint took after it ended).
 
 No checkpoint is cut once the job has failed: what failed may already be dropped (a batch
 under ``remote_failure_policy=fail``), so the restart goes back to a cut from before.
@@ -44,6 +47,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,34 +120,39 @@ class CheckpointCoordinator:
         self._stopped = asyncio.Event()
         self._nudge = asyncio.Event()  # stop, or a sooner checkpoint was asked for
         self._due: float | None = None  # loop time of the checkpoint asked for, if sooner
+        self._idle_due: float | None = None  # ... by request_when_idle
+        self._next_start = 0.0  # loop time of the next periodic checkpoint
+        self._ended = 0.0  # loop time the last checkpoint ended
         self._next_id = storage.next_id()
         self.completed = 0
         self.last: CompletedCheckpoint | None = None
         self.max_stall_ms = 0.0
         self.last_duration_ms = 0.0
+        #: CPU time the last checkpoint took: its cut, and writing its files (worker thread)
+        self.last_cost_ms = 0.0
 
     def _step(self, name: str, checkpoint_id: int) -> None:
         if self._hook is not None:
             self._hook(name, checkpoint_id)
 
     async def run(self) -> None:
-        """Checkpoint periodically until ``stop``: the interval is from start to start, and a
-        checkpoint asked for with ``request_soon`` starts sooner."""
+        """Checkpoint until ``stop``: ``interval`` after the start of the previous checkpoint,
+        and sooner when ``request_soon`` or ``request_when_idle`` ask."""
         loop = asyncio.get_running_loop()
-        next_start = loop.time() + self.interval
+        self._next_start = loop.time() + self.interval
         while not self._stopped.is_set():
-            due = next_start if self._due is None else min(next_start, self._due)
+            due = min(self._next_start, _or_never(self._due), _or_never(self._idle_due))
             delay = due - loop.time()
             if delay > 0:
                 self._nudge.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._nudge.wait(), delay)
                 continue
-            self._due = None
+            self._due = self._idle_due = None
             if self.job.failed:
                 return
             # A checkpoint that took longer than the interval delays the next one; none overlap.
-            next_start = max(next_start + self.interval, loop.time())
+            self._next_start = loop.time() + self.interval
             await self.checkpoint()
 
     def request_soon(self, delay_ms: int) -> None:
@@ -151,6 +160,19 @@ class CheckpointCoordinator:
         due = asyncio.get_running_loop().time() + delay_ms / 1000.0
         if self._due is None or due < self._due:
             self._due = due
+            self._nudge.set()
+
+    def request_when_idle(self, delay_ms: int) -> None:
+        """The job has worked off everything in flight and holds output for a checkpoint:
+        start one ``delay_ms`` from now (group commit), but not before 9x the CPU time the
+        last checkpoint took has passed since it ended (early checkpoints take at most ~10%
+        of a core)."""
+        if self._idle_due is not None or self._lock.locked():
+            return  # asked already; or one is running (the job asks again after it)
+        now = asyncio.get_running_loop().time()
+        due = max(now + delay_ms / 1000.0, self._ended + 9 * self.last_cost_ms / 1000.0)
+        if due < min(self._next_start, _or_never(self._due)):
+            self._idle_due = due
             self._nudge.set()
 
     async def stop(self) -> None:
@@ -205,11 +227,14 @@ class CheckpointCoordinator:
             # (it holds no reference cycles; reference counting still frees it).
             gc.freeze()
             self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
+            self._ended = asyncio.get_running_loop().time()
             log.debug(
-                "checkpoint %d complete in %.1f ms (cut %.2f ms, %d messages, %d timers)",
+                "checkpoint %d complete in %.1f ms (cut %.2f ms, CPU %.1f ms, %d messages, "
+                "%d timers)",
                 checkpoint_id,
                 self.last_duration_ms,
                 cut.stall_ms,
+                self.last_cost_ms,
                 len(cut.messages),
                 len(cut.timers),
             )
@@ -296,12 +321,18 @@ class CheckpointCoordinator:
         """Steps 2 (the files) and 3 in a worker thread: metadata last and atomically, then
         the checkpoints beyond the newest ``checkpoints_retained`` go (not needed once this
         one exists)."""
+        cpu = time.thread_time()
         files = self._write(folder, cut, previous)
         self._step("written", cut.id)
         completed = self.storage.finish(folder, {**metadata, **files})
         if not savepoint:
             self.storage.prune()
+        self.last_cost_ms = cut.stall_ms + (time.thread_time() - cpu) * 1000
         return completed
+
+
+def _or_never(due: float | None) -> float:
+    return math.inf if due is None else due
 
 
 def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:

@@ -128,6 +128,7 @@ class Job:
         self._unreleased_replies: list[tuple[str, Any]] = []
         self._crashed = False
         self._auto_commit = 0
+        self._idle_delay_ms = 0  # idle_checkpoint_delay_ms, with checkpoints on
         self.admin: Any = None
         self.stopped_by_user = False
 
@@ -345,10 +346,17 @@ class Job:
                     await asyncio.wait_for(self._changed.wait(), timeout=0.05)
                 await self._flush_sinks()
                 self.check_sink_backlog()
+                checkpoints = self.checkpoints
+                if checkpoints is not None and self._idle_delay_ms and self.idle_with_output():
+                    checkpoints.request_when_idle(self._idle_delay_ms)
         finally:
             await self._shutdown()
         if self._failure is not None:
             raise JobFailedError(f"the job failed: {self._failure}") from self._failure
+
+    def idle_with_output(self) -> bool:
+        """Nothing in flight, and an exactly-once egress holds records no cut sealed yet."""
+        return self.pending == 0 and any(sink.unsealed() for sink in self.sinks.values())
 
     def _setup_checkpoints(self) -> None:
         settings = self.settings
@@ -364,6 +372,7 @@ class Job:
             self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
         )
         self._hold_replies = settings.reply_release == "on-checkpoint"
+        self._idle_delay_ms = settings.idle_checkpoint_delay_ms
         start = read_checkpoint(self.restore_from) if self.restore_from else storage.latest()
         if start is not None:
             restore(self, start, self.allow_dropping_state)

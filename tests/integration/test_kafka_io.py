@@ -136,6 +136,12 @@ def values(records: list[Record]) -> list[str]:
 # -- end to end: Kafka -> functions -> Kafka ------------------------------------------------------
 
 
+EMBEDDED_ENDPOINT = (
+    "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: kafka-test/*\n"
+    "  module: tests.integration.fns.kafka_fns:functions"
+)
+
+
 def module_yaml(
     bootstrap: str, topic: str, group: str, endpoint: str, semantic: str = "at-least-once"
 ) -> str:
@@ -183,10 +189,7 @@ async def test_records_through_functions_to_kafka(
     await asyncio.to_thread(produce, bootstrap, source_topic, [(k, string(out)) for k in keys])
     server = await start_server(functions) if where == "remote" else None
     if server is None:
-        endpoint = (
-            "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: kafka-test/*\n"
-            "  module: tests.integration.fns.kafka_fns:functions"
-        )
+        endpoint = EMBEDDED_ENDPOINT
     else:
         endpoint = (
             f"kind: io.statefun.endpoints.v2/http\nspec:\n  functions: kafka-test/*\n"
@@ -647,7 +650,9 @@ async def test_exactly_once_records_go_to_an_open_transaction_visible_at_commit(
         assert await asyncio.to_thread(committed, bootstrap, topic) == []
         for value in first[5:]:
             sink.write(kafka_record(topic, value))  # the tail: produced at the cut
+        assert sink.unsealed() == 7  # 5 in the open transaction, 2 buffered
         state = sink.pre_commit(1)
+        assert sink.unsealed() == 0
         assert state["format"] == 2
         assert [(cid, [r[2] for r in rows]) for cid, _, rows in state["transactions"]] == [
             (1, [v.encode() for v in first])
@@ -919,4 +924,39 @@ async def test_exactly_once_job_survives_a_crash_between_checkpoint_steps(
         await sink.close()  # the crashed job's producer (fenced by the second job)
     records = await asyncio.to_thread(consume, bootstrap, out)
     expected = Counter(f"k{i}={n}" for i in range(ids) for n in range(1, per_id + 1))
+    assert Counter(values(records)) == expected
+
+
+async def test_exactly_once_output_is_committed_once_the_job_is_idle(
+    bootstrap: str, admin: Any, tmp_path: Path
+) -> None:
+    """With checkpoints far apart, an exactly-once egress's records still become visible
+    soon after the job has worked off its input (idle_checkpoint_delay_ms)."""
+    source_topic = create_topic(admin, "idle-in")
+    out = create_topic(admin, "idle-out")
+    sent = [(f"k{i % 5}", string(out)) for i in range(300)]
+    await asyncio.to_thread(produce, bootstrap, source_topic, sent)
+    module = load_module_text(
+        module_yaml(
+            bootstrap,
+            source_topic,
+            unique("group"),
+            EMBEDDED_ENDPOINT,
+            semantic="exactly-once",
+        )
+    )
+    settings = Settings(
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        checkpoint_interval_ms=600_000,  # never within this test
+        dead_letter_path=str(tmp_path / "dead.jsonl"),
+    )
+    job = build_job(module, settings)
+    running = asyncio.create_task(job.run())
+    try:
+        records = await asyncio.to_thread(consume, bootstrap, out, count=300)
+        assert job.checkpoints is not None and job.checkpoints.completed >= 1
+    finally:
+        job.stop()
+        await running
+    expected = Counter(f"k{i}={n}" for i in range(5) for n in range(1, 61))
     assert Counter(values(records)) == expected
