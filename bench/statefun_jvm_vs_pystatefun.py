@@ -15,6 +15,10 @@ exactly-once checkpoints in JobManager memory; pystatefun: ``checkpoint_dir`` on
 * at-least-once: the egress produces at once and waits for the broker's acks at checkpoints
   (StateFun) or every 50 ms (pystatefun).
 
+pystatefun runs with its default settings, so exactly-once output is also committed by an early
+checkpoint when the job goes idle (idle_checkpoint_delay_ms); PYSTATEFUN_IDLE_CHECKPOINT_DELAY_MS=0
+in the environment turns that off (StateFun's schedule).
+
 For each runtime and semantic, one runtime process runs these phases in turn, each writing to
 a topic of its own (named in the record):
 
