@@ -204,7 +204,7 @@ class CheckpointCoordinator:
                     if not sink.transactional:
                         await sink.flush()
                 # 2. and 3. in one trip to a worker thread
-                completed = await asyncio.to_thread(
+                completed, write_cpu_ms = await asyncio.to_thread(
                     self._write_and_complete, folder, cut, previous, metadata, savepoint
                 )
             finally:
@@ -227,6 +227,7 @@ class CheckpointCoordinator:
             # (it holds no reference cycles; reference counting still frees it).
             gc.freeze()
             self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
+            self.last_cost_ms = cut.stall_ms + write_cpu_ms
             self._ended = asyncio.get_running_loop().time()
             log.debug(
                 "checkpoint %d complete in %.1f ms (cut %.2f ms, CPU %.1f ms, %d messages, "
@@ -317,18 +318,17 @@ class CheckpointCoordinator:
         previous: Path | None,
         metadata: dict[str, Any],
         savepoint: bool,
-    ) -> CompletedCheckpoint:
+    ) -> tuple[CompletedCheckpoint, float]:
         """Steps 2 (the files) and 3 in a worker thread: metadata last and atomically, then
         the checkpoints beyond the newest ``checkpoints_retained`` go (not needed once this
-        one exists)."""
+        one exists). Returns the checkpoint and the CPU time (ms) this thread spent on it."""
         cpu = time.thread_time()
         files = self._write(folder, cut, previous)
         self._step("written", cut.id)
         completed = self.storage.finish(folder, {**metadata, **files})
         if not savepoint:
             self.storage.prune()
-        self.last_cost_ms = cut.stall_ms + (time.thread_time() - cpu) * 1000
-        return completed
+        return completed, (time.thread_time() - cpu) * 1000
 
 
 def _or_never(due: float | None) -> float:

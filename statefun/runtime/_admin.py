@@ -1,6 +1,7 @@
 """The admin HTTP server of a running job (127.0.0.1 only): status and savepoints.
 
-* ``GET /status``: JSON with messages in flight, invocations, checkpoints, the longest stall.
+* ``GET /status``: JSON with messages in flight, invocations, checkpoints (how many, the last
+  one's duration and CPU time, the longest stall).
 * ``POST /savepoints``: take a savepoint now; JSON ``{"id": ..., "path": ...}``.
 """
 
@@ -59,6 +60,7 @@ class AdminServer:
                 "completed": checkpoints.completed,
                 "last": None if checkpoints.last is None else str(checkpoints.last.path),
                 "last_duration_ms": round(checkpoints.last_duration_ms, 2),
+                "last_cpu_ms": round(checkpoints.last_cost_ms, 2),
                 "max_stall_ms": round(checkpoints.max_stall_ms, 3),
             },
         }
