@@ -47,7 +47,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,8 +119,6 @@ class CheckpointCoordinator:
         self._stopped = asyncio.Event()
         self._nudge = asyncio.Event()  # stop, or a sooner checkpoint was asked for
         self._due: float | None = None  # loop time of the checkpoint asked for, if sooner
-        self._idle_due: float | None = None  # ... by request_when_idle
-        self._next_start = 0.0  # loop time of the next periodic checkpoint
         self._ended = 0.0  # loop time the last checkpoint ended
         self._next_id = storage.next_id()
         self.completed = 0
@@ -129,7 +126,7 @@ class CheckpointCoordinator:
         self.max_stall_ms = 0.0
         self.last_duration_ms = 0.0
         #: CPU time the last checkpoint took: its cut, and writing its files (worker thread)
-        self.last_cost_ms = 0.0
+        self.last_cpu_ms = 0.0
 
     def _step(self, name: str, checkpoint_id: int) -> None:
         if self._hook is not None:
@@ -139,20 +136,20 @@ class CheckpointCoordinator:
         """Checkpoint until ``stop``: ``interval`` after the start of the previous checkpoint,
         and sooner when ``request_soon`` or ``request_when_idle`` ask."""
         loop = asyncio.get_running_loop()
-        self._next_start = loop.time() + self.interval
+        next_start = loop.time() + self.interval
         while not self._stopped.is_set():
-            due = min(self._next_start, _or_never(self._due), _or_never(self._idle_due))
+            due = next_start if self._due is None else min(next_start, self._due)
             delay = due - loop.time()
             if delay > 0:
                 self._nudge.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._nudge.wait(), delay)
                 continue
-            self._due = self._idle_due = None
+            self._due = None
             if self.job.failed:
                 return
             # A checkpoint that took longer than the interval delays the next one; none overlap.
-            self._next_start = loop.time() + self.interval
+            next_start = loop.time() + self.interval
             await self.checkpoint()
 
     def request_soon(self, delay_ms: int) -> None:
@@ -167,13 +164,11 @@ class CheckpointCoordinator:
         start one ``delay_ms`` from now (group commit), but not before 9x the CPU time the
         last checkpoint took has passed since it ended (early checkpoints take at most ~10%
         of a core)."""
-        if self._idle_due is not None or self._lock.locked():
-            return  # asked already; or one is running (the job asks again after it)
+        if self._due is not None or self._lock.locked():
+            return  # one is asked for already; or one is running (the job asks again after it)
         now = asyncio.get_running_loop().time()
-        due = max(now + delay_ms / 1000.0, self._ended + 9 * self.last_cost_ms / 1000.0)
-        if due < min(self._next_start, _or_never(self._due)):
-            self._idle_due = due
-            self._nudge.set()
+        self._due = max(now + delay_ms / 1000.0, self._ended + 9 * self.last_cpu_ms / 1000.0)
+        self._nudge.set()
 
     async def stop(self) -> None:
         """End the periodic checkpoints, letting one in progress finish."""
@@ -227,7 +222,7 @@ class CheckpointCoordinator:
             # (it holds no reference cycles; reference counting still frees it).
             gc.freeze()
             self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
-            self.last_cost_ms = cut.stall_ms + write_cpu_ms
+            self.last_cpu_ms = cut.stall_ms + write_cpu_ms
             self._ended = asyncio.get_running_loop().time()
             log.debug(
                 "checkpoint %d complete in %.1f ms (cut %.2f ms, CPU %.1f ms, %d messages, "
@@ -235,7 +230,7 @@ class CheckpointCoordinator:
                 checkpoint_id,
                 self.last_duration_ms,
                 cut.stall_ms,
-                self.last_cost_ms,
+                self.last_cpu_ms,
                 len(cut.messages),
                 len(cut.timers),
             )
@@ -329,10 +324,6 @@ class CheckpointCoordinator:
         if not savepoint:
             self.storage.prune()
         return completed, (time.thread_time() - cpu) * 1000
-
-
-def _or_never(due: float | None) -> float:
-    return math.inf if due is None else due
 
 
 def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:

@@ -60,7 +60,7 @@ class AdminServer:
                 "completed": checkpoints.completed,
                 "last": None if checkpoints.last is None else str(checkpoints.last.path),
                 "last_duration_ms": round(checkpoints.last_duration_ms, 2),
-                "last_cpu_ms": round(checkpoints.last_cost_ms, 2),
+                "last_cpu_ms": round(checkpoints.last_cpu_ms, 2),
                 "max_stall_ms": round(checkpoints.max_stall_ms, 3),
             },
         }

@@ -311,6 +311,7 @@ class Dispatcher:
                     if isinstance(function, RemoteFunction):
                         if held is not None and job.remote_slots.locked():
                             held()  # no slot free: this would wait
+                            held = None
                         async with job.remote_slots:
                             # Top the batch up with what arrived while waiting for a slot
                             # (in the same step as taking it from the mailbox).

@@ -128,7 +128,6 @@ class Job:
         self._unreleased_replies: list[tuple[str, Any]] = []
         self._crashed = False
         self._auto_commit = 0
-        self._idle_delay_ms = 0  # idle_checkpoint_delay_ms, with checkpoints on
         self.admin: Any = None
         self.stopped_by_user = False
 
@@ -346,15 +345,15 @@ class Job:
                     await asyncio.wait_for(self._changed.wait(), timeout=0.05)
                 await self._flush_sinks()
                 self.check_sink_backlog()
-                checkpoints = self.checkpoints
-                if checkpoints is not None and self._idle_delay_ms and self.idle_with_output():
-                    checkpoints.request_when_idle(self._idle_delay_ms)
+                idle_delay = self.settings.idle_checkpoint_delay_ms
+                if self.checkpoints is not None and idle_delay and self._idle_with_output():
+                    self.checkpoints.request_when_idle(idle_delay)
         finally:
             await self._shutdown()
         if self._failure is not None:
             raise JobFailedError(f"the job failed: {self._failure}") from self._failure
 
-    def idle_with_output(self) -> bool:
+    def _idle_with_output(self) -> bool:
         """Nothing in flight, and an exactly-once egress holds records no cut sealed yet."""
         return self.pending == 0 and any(sink.unsealed() for sink in self.sinks.values())
 
@@ -372,7 +371,6 @@ class Job:
             self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
         )
         self._hold_replies = settings.reply_release == "on-checkpoint"
-        self._idle_delay_ms = settings.idle_checkpoint_delay_ms
         start = read_checkpoint(self.restore_from) if self.restore_from else storage.latest()
         if start is not None:
             restore(self, start, self.allow_dropping_state)

@@ -23,6 +23,7 @@ from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
 from statefun.runtime import Job
 from statefun.runtime._admin import AdminServer
+from statefun.sdk import StringType, TypedValue
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,21 +39,13 @@ class Feed(Source):
         self.sent = 0
 
     async def run(self, context: IngressContext) -> None:
-        from statefun.sdk._types import StringType
-
         for typename, id_, command in self.messages:
             value = StringType.serializer().serialize(command)
-            await context.submit(typename, id_, _typed(value))
+            await context.submit(typename, id_, TypedValue(StringType.typename, value))
             self.sent += 1
             if self.every:
                 await asyncio.sleep(self.every)
         await asyncio.Event().wait()
-
-
-def _typed(value: bytes) -> Any:
-    from statefun.sdk._proto.request_reply_pb2 import TypedValue
-
-    return TypedValue(typename="io.statefun.types/string", has_value=True, value=value)
 
 
 def make_job(tmp: Path, source: Source, **settings: Any) -> Job:
