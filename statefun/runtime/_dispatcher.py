@@ -1,6 +1,8 @@
 """Dispatcher subtasks: per-address mailboxes, function invocation, applying the results.
 
-A dispatcher owns a contiguous range of key groups. Messages arrive in its inbox in order.
+A dispatcher owns a contiguous range of key groups. Messages arrive in its inbox in order;
+while the inbox is empty, a message to an address with a batch in flight goes straight to that
+address's mailbox (the order is the same: nothing waits before it).
 
 * An embedded synchronous function is called at once, in inbox order: that is already one
   invocation at a time per address, with no protobuf and no copy of state beyond a small dict.
@@ -139,6 +141,15 @@ class Dispatcher:
     # -- intake ----------------------------------------------------------------------------
 
     def offer(self, envelope: Envelope, key_group: int) -> None:
+        if not self.inbox:
+            # Nothing waits before it: a message to an address with a batch in flight joins
+            # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
+            # is full, not a whole poll later, and the loop is free when the reply comes.
+            key = (envelope.typename, envelope.id)
+            mailbox = self.busy.get(key)
+            if mailbox is not None:
+                self._wait_in_mailbox(key, mailbox, envelope)
+                return
         self.inbox.append((envelope, key_group))
         if not self._wake.is_set():
             self._wake.set()
@@ -195,10 +206,7 @@ class Dispatcher:
         key = (envelope.typename, envelope.id)
         mailbox = self.busy.get(key)
         if mailbox is not None:
-            mailbox.append(envelope)
-            if key in self._encode_ahead:
-                envelope.wire = invocation(envelope)
-            self.job.note_mailbox(key, len(mailbox))
+            self._wait_in_mailbox(key, mailbox, envelope)
             return 0
         function = self.job.functions.resolve(envelope.typename)
         if type(function) is EmbeddedFunction and not function.function.is_async:
@@ -221,6 +229,14 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return 0
+
+    def _wait_in_mailbox(
+        self, key: AddressKey, mailbox: deque[Envelope], envelope: Envelope
+    ) -> None:
+        mailbox.append(envelope)
+        if key in self._encode_ahead:
+            envelope.wire = invocation(envelope)
+        self.job.note_mailbox(key, len(mailbox))
 
     # -- embedded functions: prepare, call, apply ---------------------------------------------
 

@@ -484,6 +484,42 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     assert 5 < largest <= 30
 
 
+async def test_a_burst_to_a_busy_address_stops_at_its_batch_limit() -> None:
+    """An ingress emitting to an address with a batch in flight finds the gate closed right
+    after the message that fills the mailbox past the batch limit (in the same loop step, not
+    after the dispatcher's next turn), and every message still arrives in order."""
+
+    async def slow(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+        await asyncio.sleep(0.05)
+        return await handle(body)
+
+    open_after: list[bool] = []
+
+    class Burst(Source):
+        bounded = True
+
+        async def run(self, context: IngressContext) -> None:
+            context.emit("test/counter", "hot", string("x"))
+            while not job.dispatchers[0].busy and not job.dispatchers[1].busy:
+                await asyncio.sleep(0.001)  # the first batch is in flight
+            for _ in range(20):
+                await context.room()
+                context.emit("test/counter", "hot", string("x"))
+                open_after.append(job._room.is_set())
+
+    async with function_server(slow) as url:
+        sink = ListSink()
+        job = Job(
+            ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
+            Settings(),
+            sources=[Burst("test/burst")],
+            sinks=[sink],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert open_after[:6] == [True] * 5 + [False]  # the 6th message is one past the limit
+    assert sink.values == [f"hot={i}" for i in range(1, 22)]
+
+
 async def test_the_mailbox_gate_opens_when_a_batch_takes_the_mailbox_back() -> None:
     """Sources wait while an address's mailbox is past its batch limit, and go on the moment
     a batch takes it back within the limit (not at a later check), each address on its own."""
