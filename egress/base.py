@@ -102,6 +102,12 @@ class Sink(abc.ABC):
     def write(self, record: EgressRecord) -> None:
         """Accept a record (buffered; must not block the event loop)."""
 
+    def write_many(self, values: list[Any]) -> None:
+        """Accept the typed values of some records for this egress, in order (what the
+        runtime calls: a remote batch's records come together)."""
+        for value in values:
+            self.write(EgressRecord(self.egress_id, value))
+
     async def flush(self) -> None:  # noqa: B027 - optional hook
         """Push buffered records out (every 50 ms; a transactional sink may send them into
         its open transaction, never make them visible)."""

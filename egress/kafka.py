@@ -220,23 +220,28 @@ class KafkaSink(Sink):
     # -- write ------------------------------------------------------------------------------------
 
     def write(self, record: EgressRecord) -> None:
-        typed = record.value
-        if typed.typename != KAFKA_PRODUCER_RECORD:
-            self._reject(
-                typed, f"a {typed.typename} is not a KafkaProducerRecord (kafka_egress_message)"
-            )
-            return
-        value = typed.value
-        try:
-            message = _parse_record(value if type(value) is bytes else bytes(value))
-        except (DecodeError, TypeError):
-            self._reject(typed, "the KafkaProducerRecord cannot be decoded")
-            return
-        topic = message.topic  # each field read builds a new object: once each
-        if not topic:
-            self._reject(typed, "the KafkaProducerRecord has no topic")
-            return
-        self._buffer.append((topic, message.key or None, message.value_bytes, None))
+        self.write_many([record.value])
+
+    def write_many(self, values: list[Any]) -> None:
+        buffer = self._buffer
+        for typed in values:
+            if typed.typename != KAFKA_PRODUCER_RECORD:
+                self._reject(
+                    typed,
+                    f"a {typed.typename} is not a KafkaProducerRecord (kafka_egress_message)",
+                )
+                continue
+            value = typed.value
+            try:
+                message = _parse_record(value if type(value) is bytes else bytes(value))
+            except (DecodeError, TypeError):
+                self._reject(typed, "the KafkaProducerRecord cannot be decoded")
+                continue
+            topic = message.topic  # each field read builds a new object: once each
+            if not topic:
+                self._reject(typed, "the KafkaProducerRecord has no topic")
+                continue
+            buffer.append((topic, message.key or None, message.value_bytes, None))
 
     def _reject(self, typed: Any, reason: str) -> None:
         self.rejected += 1

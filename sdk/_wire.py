@@ -21,6 +21,7 @@ __all__ = [
     "encode_address",
     "encode_incomplete_context",
     "encode_invocation_response",
+    "encode_typed",
     "encode_typed_value",
     "varint",
 ]
@@ -84,7 +85,7 @@ def encode_typed_value(typename: str, has_value: bool, value: bytes) -> bytes:
 _with_value_prefix: dict[str, bytes] = {}
 
 
-def _tv(typed: Any) -> bytes:
+def encode_typed(typed: Any) -> bytes:
     """TypedValue fields of a typed value (ours or a protobuf TypedValue); the hot path."""
     if typed.has_value:
         typename = typed.typename
@@ -115,7 +116,7 @@ def encode_address(typename: str, id_: str) -> bytes:
 def _outgoing(message: Message) -> bytes:
     # _message(0x12, _message(0x0a, address) + _message(0x12, typed value)), inlined
     address = encode_address(message.target_typename, message.target_id)
-    typed = _tv(message.typed_value)
+    typed = encode_typed(message.typed_value)
     a, t = len(address), len(typed)
     if a < 128 and t < 128:
         body = b"\x0a" + _ONE_BYTE[a] + address + b"\x12" + _ONE_BYTE[t] + typed
@@ -133,7 +134,7 @@ def _delayed(delayed: DelayedMessage) -> bytes:
         body = (
             (b"\x08" + varint(delayed.delay_ms) if delayed.delay_ms else b"")
             + _message(b"\x12", encode_address(message.target_typename, message.target_id))
-            + _message(b"\x1a", _tv(message.typed_value))
+            + _message(b"\x1a", encode_typed(message.typed_value))
             + _field(b"\x5a", delayed.cancellation_token.encode("utf-8"))
         )
     return _message(b"\x1a", body)
@@ -145,7 +146,7 @@ def _egress(message: EgressMessage) -> bytes:
         b"\x22",
         _field(b"\x0a", namespace.encode("utf-8"))
         + _field(b"\x12", name.encode("utf-8"))
-        + _message(b"\x1a", _tv(message.typed_value)),
+        + _message(b"\x1a", encode_typed(message.typed_value)),
     )
 
 
@@ -160,7 +161,7 @@ def _mutation(name: str, typed: Any) -> bytes:
             _state_name_field[name] = name_field
     if typed is None:  # DELETE is enum value 0: nothing but the name
         return _message(b"\x0a", name_field)
-    value = _tv(typed)
+    value = encode_typed(typed)
     t = len(value)
     body = b"\x08\x01" + name_field + b"\x1a" + (_ONE_BYTE[t] if t < 128 else varint(t)) + value
     n = len(body)

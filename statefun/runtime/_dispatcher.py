@@ -25,7 +25,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import (
@@ -44,7 +44,7 @@ from statefun.runtime._functions import (
 from statefun.runtime._remote import decode_from_function, encode_to_function, invocation
 from statefun.runtime._timers import now_ms
 from statefun.sdk._context import DelayedMessage, InvocationContext
-from statefun.sdk._messages import EgressMessage, Message
+from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
@@ -290,7 +290,8 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        self._emit(key, context._address, context.messages, context.delayed, context.egress)
+        egress = [(record.typename, [record.typed_value]) for record in context.egress]
+        self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
@@ -398,10 +399,11 @@ class Dispatcher:
         address: SdkAddress,
         messages: list[Message],
         delayed: list[DelayedMessage],
-        egress: list[EgressMessage],
+        egress: Iterable[tuple[str, list[Any]]],
     ) -> None:
         """The output of one invocation: messages to keyBy (feedback), delayed messages and
-        cancellations to the timer service, records to the sinks."""
+        cancellations to the timer service, records to the sinks (``egress``: per egress id,
+        its typed values in order)."""
         job = self.job
         send = job.send
         for message in messages:
@@ -417,8 +419,8 @@ class Dispatcher:
                     key,
                     entry.cancellation_token,
                 )
-        for record in egress:
-            job.egress(record.typename, record.typed_value)
+        for egress_id, values in egress:
+            job.egress(egress_id, values)
 
     async def _call_remote(
         self,
@@ -529,11 +531,17 @@ class Dispatcher:
                     d.cancellation_token,
                 )
             )
-        egress: list[EgressMessage] = []
+        # per egress id, its records in order (a batch's records mostly go to one egress)
+        egress: dict[str, list[Any]] = {}
+        namespace = kind = None
+        records: list[Any] = []
         for e in result.outgoing_egresses:
-            if not e.egress_namespace or not e.egress_type:
-                raise MalformedResponseError(f"function {typename} sent egress without an id")
-            egress.append(EgressMessage(f"{e.egress_namespace}/{e.egress_type}", e.argument))
+            if e.egress_namespace != namespace or e.egress_type != kind:
+                namespace, kind = e.egress_namespace, e.egress_type
+                if not namespace or not kind:
+                    raise MalformedResponseError(f"function {typename} sent egress without an id")
+                records = egress.setdefault(f"{namespace}/{kind}", [])
+            records.append(e.argument)
         written: list[str] = []
         for mutation in result.state_mutations:
             name = mutation.state_name
@@ -552,4 +560,6 @@ class Dispatcher:
                 values = _with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
-        return functools.partial(self._emit, key, self._address(key), messages, delayed, egress)
+        return functools.partial(
+            self._emit, key, self._address(key), messages, delayed, egress.items()
+        )

@@ -32,7 +32,7 @@ from statefun._keygroups import key_group_for, subtask_for_key_group
 from statefun._settings import Settings
 from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash, restore
 from statefun.checkpoint.storage import CheckpointStorage, read_checkpoint
-from statefun.egress.base import EgressRecord, Sink
+from statefun.egress.base import Sink
 from statefun.ingress.base import Source
 from statefun.module._specs import ModuleSpec
 from statefun.runtime._dispatcher import Dispatcher
@@ -109,6 +109,7 @@ class Job:
         #: addresses whose mailbox is past its batch limit: sources wait until batches take them
         #: back within it (note_mailbox, mailbox_taken)
         self._overfull_mailboxes: set[tuple[str, str]] = set()
+        self._batch_limits: dict[str, int] = {}  # per function typename (as functions.resolve)
         self._sinks_full = False
         self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: function types that ever held state here (listed in checkpoints)
@@ -191,7 +192,7 @@ class Job:
     def note_mailbox(self, key: tuple[str, str], size: int) -> None:
         """The mailbox of ``key`` (typename, id) grew to ``size``: past its batch limit,
         sources wait until a batch takes it back within the limit (:meth:`mailbox_taken`)."""
-        if key not in self._overfull_mailboxes and size > self.batch_limit(key[0]):
+        if size > self.batch_limit(key[0]) and key not in self._overfull_mailboxes:
             self._overfull_mailboxes.add(key)
             self._room.clear()
 
@@ -205,8 +206,12 @@ class Job:
 
     def batch_limit(self, typename: str) -> int:
         """The most messages one batch to ``typename`` carries (``maxNumBatchRequests``)."""
-        function = self.functions.resolve(typename)
-        return function.max_batch if isinstance(function, RemoteFunction) else 1_000
+        limit = self._batch_limits.get(typename)
+        if limit is None:
+            function = self.functions.resolve(typename)
+            limit = function.max_batch if isinstance(function, RemoteFunction) else 1_000
+            self._batch_limits[typename] = limit
+        return limit
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)
@@ -215,7 +220,8 @@ class Job:
 
     # -- output ---------------------------------------------------------------------------
 
-    def egress(self, egress_id: str, value: Any) -> None:
+    def egress(self, egress_id: str, values: list[Any]) -> None:
+        """Typed values (in order) for the egress ``egress_id``."""
         sink = self.sinks.get(egress_id)
         if sink is None:
             if egress_id not in self._missing_egress_logged:
@@ -224,9 +230,9 @@ class Job:
                     "no egress %r in the module; its records go to the dead letters", egress_id
                 )
             record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
-            self._write_dead_letters([(record, value)])
+            self._write_dead_letters([(record, value) for value in values])
             return
-        sink.write(EgressRecord(egress_id, value))
+        sink.write_many(values)
 
     def _reply(self, envelope: Envelope) -> None:
         if self._hold_replies:

@@ -29,7 +29,7 @@ from statefun._http.client import HttpPool, ProtocolError, ResponseTooLarge, Tar
 from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._proto import request_reply_pb2 as pb
-from statefun.sdk._wire import encode_address, encode_typed_value, varint
+from statefun.sdk._wire import encode_address, encode_typed, encode_typed_value, varint
 
 __all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
 
@@ -66,14 +66,14 @@ def encode_to_function(
 
 
 def invocation(envelope: Envelope) -> bytes:
-    """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest."""
+    """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest (on the
+    hot path: once per message waiting in a remote function's mailbox)."""
+    typed = encode_typed(envelope.value)
+    body = b"\x12" + varint(len(typed)) + typed
     caller = envelope.caller
-    body = b""
     if caller is not None:
-        body = _ld(b"\x0a", encode_address(caller.typename, caller.id))
-    v = envelope.value
-    body += _ld(b"\x12", encode_typed_value(v.typename, v.has_value, v.value))
-    return _ld(b"\x1a", body)
+        body = _ld(b"\x0a", encode_address(caller.typename, caller.id)) + body
+    return b"\x1a" + varint(len(body)) + body
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

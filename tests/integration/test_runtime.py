@@ -437,6 +437,81 @@ async def test_a_batchs_outputs_go_out_when_the_next_batch_fails(tmp_path: Path)
     assert sink.values == [f"hot={i}" for i in range(1, counted + 1)]
 
 
+def from_function_with_egress(*egress: tuple[str, str]) -> bytes:
+    """A FromFunction whose only effects are egress records: (egress id, text) each."""
+    from statefun.sdk._proto import request_reply_pb2 as pb
+
+    records = []
+    for egress_id, text in egress:
+        namespace, _, kind = egress_id.rpartition("/")
+        argument = string(text)
+        records.append(
+            pb.FromFunction.EgressMessage(
+                egress_namespace=namespace,
+                egress_type=kind,
+                argument=pb.TypedValue(
+                    typename=argument.typename, has_value=True, value=argument.value
+                ),
+            )
+        )
+    result = pb.FromFunction.InvocationResponse(outgoing_egresses=records)
+    return bytes(pb.FromFunction(invocation_result=result).SerializeToString())
+
+
+async def test_a_batchs_egress_records_reach_each_egress_in_order(tmp_path: Path) -> None:
+    """Records of one remote batch for several egresses, interleaved: each sink gets its own
+    in order; a record for an egress the module lacks goes to the dead letters."""
+    reply = from_function_with_egress(
+        ("test/out", "a1"),
+        ("test/other", "b1"),
+        ("test/out", "a2"),
+        ("test/nowhere", "lost"),
+        ("test/out", "a3"),
+        ("test/other", "b2"),
+    )
+
+    async def answer(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+        return reply
+
+    out, other = ListSink(), ListSink("test/other")
+    dead = tmp_path / "dead.jsonl"
+    async with function_server(answer) as url:
+        job = Job(
+            ModuleSpec(endpoints=(remote(url),)),
+            Settings(dead_letter_path=str(dead)),
+            sources=[ScriptSource(SCRIPT[:1])],
+            sinks=[out, other],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert out.values == ["a1", "a2", "a3"]
+    assert other.values == ["b1", "b2"]
+    [letter] = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert letter["egress"] == "test/nowhere" and "unknown egress" in letter["reason"]
+
+
+async def test_egress_without_an_id_fails_the_batch_and_changes_nothing(tmp_path: Path) -> None:
+    """A response with an egress record that lacks its namespace is garbage: none of its
+    records go out (not even those before it), and the batch is a dead letter."""
+    reply = from_function_with_egress(("test/out", "a1"), ("/out", "no namespace"))
+
+    async def answer(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+        return reply
+
+    sink = ListSink()
+    dead = tmp_path / "dead.jsonl"
+    async with function_server(answer) as url:
+        job = Job(
+            ModuleSpec(endpoints=(remote(url),)),
+            Settings(remote_failure_policy="dead-letter", dead_letter_path=str(dead)),
+            sources=[ScriptSource(SCRIPT[:1])],
+            sinks=[sink],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert sink.values == []
+    [letter] = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert "sent egress without an id" in letter["reason"]
+
+
 async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     """Backpressure: past maxNumBatchRequests a hot key's mailbox closes the sources' gate.
 
