@@ -28,18 +28,21 @@ a topic of its own (named in the record):
   one hot key  N records to one key, the same way
   latency      a fixed rate (records/s) for some seconds, to many keys, then to the hot key:
                end-to-end latency = time the output was read - produce time in the record
-  backlog      the runtime process is paused (SIGSTOP, its whole process group), N records
-               are produced to many keys, then to the hot key, and it is resumed: records/s =
-               N / (last output read - resume). The throughput phases above share two cores
-               with the producer, which can become the limit for both runtimes; this one
-               measures how fast each runtime works off a backlog on its own (latency:
-               output read - the later of produce time and resume)
+  backlog      the runtime process is paused (SIGSTOP, its whole process group), B records
+               (--backlog-records, 5 N by default) are produced to many keys, then to the hot
+               key, and it is resumed: records/s = B / (last output read - resume). The
+               throughput phases above share two cores with the producer, which can become
+               the limit for both runtimes; this one measures how fast each runtime works off
+               a backlog on its own (latency: output read - the later of produce time and
+               resume). B is larger than N so that a phase lasts seconds: a backlog of 60,000
+               records is gone in under a second, and the time to the first output after the
+               resume (tens to 150 ms, varying from run to run) weighs too much in that
 
 Producers run in another process; the reader (read_committed) in this one.
 
-    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 7 minutes
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 6 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
-    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 2  # medians of 2 runs each
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 3  # medians of 3 runs each
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --phases backlog --runtimes pystatefun
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
@@ -437,6 +440,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer records, shorter phases")
     parser.add_argument("--records", type=int, help="records per throughput phase")
+    parser.add_argument(
+        "--backlog-records", type=int, help="records per backlog phase (default: 5x --records)"
+    )
     parser.add_argument("--rate", type=float, default=1000.0, help="records/s, latency phases")
     parser.add_argument("--latency-seconds", type=float, help="length of each latency phase")
     parser.add_argument(
@@ -460,6 +466,7 @@ def main() -> int:
         say(f"cannot run: {missing}")
         return 2
     records = args.records or (15_000 if args.quick else 60_000)
+    backlog = args.backlog_records or 5 * records
     latency_s = args.latency_seconds or (5.0 if args.quick else 15.0)
     semantics = [s for s in args.semantics.split(",") if s]
     runtimes = [r for r in args.runtimes.split(",") if r]
@@ -476,8 +483,8 @@ def main() -> int:
                 Phase(f"one hot key @ {rate:,.0f}/s", 1, round(rate * latency_s), rate),
             ],
             "backlog": [
-                Phase("many keys, backlog", MANY_KEYS, records, None, backlog=True),
-                Phase("one hot key, backlog", 1, records, None, backlog=True),
+                Phase("many keys, backlog", MANY_KEYS, backlog, None, backlog=True),
+                Phase("one hot key, backlog", 1, backlog, None, backlog=True),
             ],
         }
         warm_up = Phase("warm-up", MANY_KEYS, 3_000 if args.quick else 10_000, 2_000.0)
@@ -526,8 +533,8 @@ def main() -> int:
     load = os.getloadavg()
     print(versions)
     print(
-        f"records per throughput phase: {records:,}; latency phases: {args.rate:,.0f} records/s "
-        f"for {latency_s:g} s; many keys = {MANY_KEYS:,} keys"
+        f"records per throughput phase: {records:,}; per backlog phase: {backlog:,}; latency "
+        f"phases: {args.rate:,.0f} records/s for {latency_s:g} s; many keys = {MANY_KEYS:,} keys"
     )
     print()
     if args.repeat > 1:
