@@ -35,8 +35,16 @@ class Settings:
     max_in_flight_messages: int = field(
         default=10_000,
         metadata=_doc(
-            "messages inside the runtime (mailboxes, feedback, in-flight batches) above which "
-            "ingresses wait (backpressure)"
+            "messages to embedded functions inside the runtime (inboxes, feedback, batches) "
+            "above which ingresses wait (backpressure)"
+        ),
+    )
+    max_in_flight_remote_messages: int = field(
+        default=30_000,
+        metadata=_doc(
+            "messages to remote functions inside the runtime (inboxes, mailboxes, batches "
+            "waiting for a connection or in flight) above which ingresses wait; counted apart "
+            "so that under a backlog over many keys each address's next batch can grow"
         ),
     )
     max_egress_backlog: int = field(
@@ -158,6 +166,8 @@ class Settings:
             raise ConfigurationError("max_parallelism can be at most 32768")
         if self.max_in_flight_messages < 1:
             raise ConfigurationError("max_in_flight_messages must be at least 1")
+        if self.max_in_flight_remote_messages < 1:
+            raise ConfigurationError("max_in_flight_remote_messages must be at least 1")
         if self.max_egress_backlog < 1:
             raise ConfigurationError("max_egress_backlog must be at least 1")
         if self.checkpoint_interval_ms < 10:

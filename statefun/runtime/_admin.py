@@ -50,6 +50,7 @@ class AdminServer:
         checkpoints = job.checkpoints
         return {
             "messages_in_flight": job.pending,
+            "remote_messages_in_flight": job.pending_remote,
             "invocations": sum(d.invocations for d in job.dispatchers),
             "delayed_messages": len(job.timers),
             "dead_letters": job.dead_letters,

@@ -315,6 +315,7 @@ class Dispatcher:
         batch: list[Envelope],
     ) -> None:
         job = self.job
+        release = job.release_remote if isinstance(function, RemoteFunction) else job.release
         # The outputs of a remote batch whose state is applied (messages, delayed messages,
         # egress records, and its release) wait until the address's next request is written,
         # so that the function server gets it sooner: they are sent before the dispatcher
@@ -346,16 +347,16 @@ class Dispatcher:
                                 if held is not None:
                                     held()  # (if the call did not)
                                     held = None
-                        held = _Held(outputs, job.release, len(batch))
+                        held = _Held(outputs, release, len(batch))
                     else:
                         await self._call_embedded_async(function, key, key_group, batch)
-                        job.release(len(batch))
+                        release(len(batch))
                 except FunctionInvocationError as exc:
                     job.on_failure(function.typename, batch, exc)
-                    job.release(len(batch))
+                    release(len(batch))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
                     job.on_failure(function.typename, batch, TerminalFunctionError(str(exc)))
-                    job.release(len(batch))
+                    release(len(batch))
                 mailbox = self.busy[key]
                 if not mailbox:
                     if held is not None:

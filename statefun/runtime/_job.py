@@ -98,7 +98,10 @@ class Job:
                 raise ModuleError(f"two sinks for egress {sink.egress_id!r}")
             self.sinks[sink.egress_id] = sink
         self.replies: dict[str, asyncio.Future[Any]] = {}
+        #: messages inside the runtime; of them, to remote functions (limited apart)
         self.pending = 0
+        self.pending_remote = 0
+        self._remote_types: dict[str, bool] = {}  # per typename: a remote function's?
         self.dead_letters = 0
         self._dead_letter_folder_made = False
         self._room = asyncio.Event()
@@ -167,25 +170,42 @@ class Job:
             key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
             self._key_groups[address] = key_group
         self.pending += 1
-        if self.pending >= self.settings.max_in_flight_messages and self._room.is_set():
+        remote = self._remote_types.get(typename)
+        if remote is None:
+            remote = isinstance(self.functions.resolve(typename), RemoteFunction)
+            self._remote_types[typename] = remote
+        if remote:
+            self.pending_remote += 1
+            full = self.pending_remote >= self.settings.max_in_flight_remote_messages
+        else:
+            full = self.pending - self.pending_remote >= self.settings.max_in_flight_messages
+        if full and self._room.is_set():
             self._room.clear()
         self._subtask_of[key_group].offer(envelope, key_group)
 
     def release(self, count: int) -> None:
-        """``count`` messages finished processing."""
+        """``count`` messages (not to remote functions) finished processing."""
         self.pending -= count
         if not self._room.is_set():
             self._open_room_if_due()
         if self.pending == 0:
             self._changed.set()
 
+    def release_remote(self, count: int) -> None:
+        """``count`` messages to a remote function finished processing."""
+        self.pending_remote -= count
+        self.release(count)
+
     def _open_room_if_due(self) -> None:
         """Let the sources go on once nothing holds them: no overfull mailbox, no full sink,
-        and messages in flight down to 80% of ``max_in_flight_messages``."""
+        and messages in flight down to 80% of ``max_in_flight_messages`` (to embedded
+        functions) and of ``max_in_flight_remote_messages`` (to remote ones)."""
+        settings = self.settings
         if (
             not self._overfull_mailboxes
             and not self._sinks_full
-            and self.pending <= self.settings.max_in_flight_messages * 0.8
+            and self.pending - self.pending_remote <= settings.max_in_flight_messages * 0.8
+            and self.pending_remote <= settings.max_in_flight_remote_messages * 0.8
         ):
             self._room.set()
 

@@ -85,6 +85,8 @@ def run_args(tmp: Path, backend: str) -> list[str]:
         "--set",
         "max_in_flight_messages=200",
         "--set",
+        "max_in_flight_remote_messages=200",
+        "--set",
         f"dead_letter_path={tmp / 'dead.jsonl'}",
     ]
 

@@ -195,6 +195,8 @@ def start_runtime(tmp: Path, number: int, backend: str) -> tuple[subprocess.Pope
         "--set",
         "max_in_flight_messages=200",
         "--set",
+        "max_in_flight_remote_messages=200",
+        "--set",
         f"state_backend={backend}",
         "--set",
         f"state_dir={tmp / 'state'}",

@@ -63,6 +63,7 @@ def make_job(tmp: Path, endpoint: Any, hook: Any = None, **settings: Any) -> Job
         "dead_letter_path": str(tmp / "dead-letters.jsonl"),
         "checkpoint_interval_ms": 10,
         "max_in_flight_messages": 64,
+        "max_in_flight_remote_messages": 64,
         **settings,
     }
     job = Job(

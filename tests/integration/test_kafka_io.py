@@ -895,6 +895,7 @@ async def test_exactly_once_job_survives_a_crash_between_checkpoint_steps(
         checkpoint_dir=str(tmp_path / "checkpoints"),
         checkpoint_interval_ms=20,
         max_in_flight_messages=8,
+        max_in_flight_remote_messages=8,
         dead_letter_path=str(tmp_path / "dead.jsonl"),
     )
     first = build_job(module, settings)

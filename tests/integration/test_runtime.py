@@ -512,11 +512,26 @@ async def test_egress_without_an_id_fails_the_batch_and_changes_nothing(tmp_path
     assert "sent egress without an id" in letter["reason"]
 
 
+async def run_watched(job: Job, look: Callable[[], None]) -> None:
+    """Run ``job``, calling ``look`` at every turn of the loop meanwhile."""
+
+    async def watch() -> None:
+        while True:
+            look()
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(job.run(), 30)
+    finally:
+        watcher.cancel()
+
+
 async def test_mailbox_past_max_batch_stops_the_sources() -> None:
     """Backpressure: past maxNumBatchRequests a hot key's mailbox closes the sources' gate.
 
     What was admitted before the gate closed still arrives, so the mailbox is bounded by
-    max_in_flight_messages, and the gate stays closed until it is back under the limit.
+    max_in_flight_remote_messages, and the gate stays closed until it is back under the limit.
     """
 
     async def slow(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
@@ -527,7 +542,7 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
         sink = ListSink()
         job = Job(
             ModuleSpec(endpoints=(remote(url, max_num_batch_requests=5),)),
-            Settings(max_in_flight_messages=30),
+            Settings(max_in_flight_remote_messages=30),
             sources=[ScriptSource([("test/counter", "hot", "x")] * 100)],
             sinks=[sink],
         )
@@ -535,24 +550,16 @@ async def test_mailbox_past_max_batch_stops_the_sources() -> None:
         gate_closed_by_mailbox = False
         encoded_ahead = False
 
-        async def watch() -> None:
+        def look() -> None:
             nonlocal largest, gate_closed_by_mailbox, encoded_ahead
-            while True:
-                gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
-                for dispatcher in job.dispatchers:
-                    mailbox = dispatcher.busy.get(("test/counter", "hot"))
-                    largest = max(largest, len(mailbox) if mailbox else 0)
-                    # waiting messages of a remote function are encoded while they wait
-                    encoded_ahead |= bool(mailbox) and all(
-                        e.wire is not None for e in mailbox or ()
-                    )
-                await asyncio.sleep(0)
+            gate_closed_by_mailbox |= bool(job._overfull_mailboxes)
+            for dispatcher in job.dispatchers:
+                mailbox = dispatcher.busy.get(("test/counter", "hot"))
+                largest = max(largest, len(mailbox) if mailbox else 0)
+                # waiting messages of a remote function are encoded while they wait
+                encoded_ahead |= bool(mailbox) and all(e.wire is not None for e in mailbox or ())
 
-        watcher = asyncio.create_task(watch())
-        try:
-            await asyncio.wait_for(job.run(), 30)
-        finally:
-            watcher.cancel()
+        await run_watched(job, look)
     assert sink.values == [f"hot={i}" for i in range(1, 101)]
     assert gate_closed_by_mailbox
     assert encoded_ahead
@@ -593,6 +600,47 @@ async def test_a_burst_to_a_busy_address_stops_at_its_batch_limit() -> None:
         await asyncio.wait_for(job.run(), 30)
     assert open_after[:6] == [True] * 5 + [False]  # the 6th message is one past the limit
     assert sink.values == [f"hot={i}" for i in range(1, 22)]
+
+
+@pytest.mark.parametrize(
+    ("local_limit", "remote_limit"), [(5, 40), (1_000, 12)], ids=["embedded-low", "remote-low"]
+)
+async def test_messages_to_remote_functions_have_their_own_limit(
+    local_limit: int, remote_limit: int
+) -> None:
+    """Messages to remote functions count against ``max_in_flight_remote_messages``, not
+    ``max_in_flight_messages``: many keys' messages may wait for their batches past the
+    embedded limit, up to the remote one; the counts return to zero."""
+
+    async def slow(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+        await asyncio.sleep(0.01)
+        return await handle(body)
+
+    script = [("test/counter", f"k{i % 30}", "x") for i in range(300)]
+    async with function_server(slow) as url:
+        sink = ListSink()
+        job = Job(
+            ModuleSpec(endpoints=(remote(url),)),
+            Settings(
+                max_in_flight_messages=local_limit, max_in_flight_remote_messages=remote_limit
+            ),
+            sources=[ScriptSource(script)],
+            sinks=[sink],
+        )
+        largest = 0
+        counted_apart = True  # every message is to a remote function
+
+        def look() -> None:
+            nonlocal largest, counted_apart
+            counted_apart &= job.pending == job.pending_remote
+            largest = max(largest, job.pending_remote)
+
+        await run_watched(job, look)
+    assert len(sink.values) == 300
+    assert counted_apart
+    assert job.pending == job.pending_remote == 0
+    # up to the remote limit (and past the embedded one in the first case)
+    assert remote_limit * 0.8 <= largest <= remote_limit
 
 
 async def test_the_mailbox_gate_opens_when_a_batch_takes_the_mailbox_back() -> None:

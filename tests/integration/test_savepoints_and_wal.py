@@ -34,6 +34,7 @@ def job_with(tmp: Path, parallelism: int, endpoint: Any = None, **settings: Any)
         "checkpoint_interval_ms": 10,
         "parallelism": parallelism,
         "max_in_flight_messages": 64,
+        "max_in_flight_remote_messages": 64,
         **settings,
     }
     return Job(
