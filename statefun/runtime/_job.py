@@ -101,7 +101,8 @@ class Job:
         #: messages inside the runtime; of them, to remote functions (limited apart)
         self.pending = 0
         self.pending_remote = 0
-        self._remote_types: dict[str, bool] = {}  # per typename: a remote function's?
+        #: per function typename: (a remote function?, its batch limit); see _kind
+        self._kinds: dict[str, tuple[bool, int]] = {}
         self.dead_letters = 0
         self._dead_letter_folder_made = False
         self._room = asyncio.Event()
@@ -112,7 +113,6 @@ class Job:
         #: addresses whose mailbox is past its batch limit: sources wait until batches take them
         #: back within it (note_mailbox, mailbox_taken)
         self._overfull_mailboxes: set[tuple[str, str]] = set()
-        self._batch_limits: dict[str, int] = {}  # per function typename (as functions.resolve)
         self._sinks_full = False
         self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: function types that ever held state here (listed in checkpoints)
@@ -170,11 +170,7 @@ class Job:
             key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
             self._key_groups[address] = key_group
         self.pending += 1
-        remote = self._remote_types.get(typename)
-        if remote is None:
-            remote = isinstance(self.functions.resolve(typename), RemoteFunction)
-            self._remote_types[typename] = remote
-        if remote:
+        if (self._kinds.get(typename) or self._kind(typename))[0]:
             self.pending_remote += 1
             full = self.pending_remote >= self.settings.max_in_flight_remote_messages
         else:
@@ -226,12 +222,19 @@ class Job:
 
     def batch_limit(self, typename: str) -> int:
         """The most messages one batch to ``typename`` carries (``maxNumBatchRequests``)."""
-        limit = self._batch_limits.get(typename)
-        if limit is None:
-            function = self.functions.resolve(typename)
-            limit = function.max_batch if isinstance(function, RemoteFunction) else 1_000
-            self._batch_limits[typename] = limit
-        return limit
+        return (self._kinds.get(typename) or self._kind(typename))[1]
+
+    def _kind(self, typename: str) -> tuple[bool, int]:
+        """Whether ``typename`` is a remote function's, and its batch limit (cached: both are
+        asked for every message)."""
+        function = self.functions.resolve(typename)
+        kind = (
+            (True, function.max_batch) if isinstance(function, RemoteFunction) else (False, 1_000)
+        )
+        if len(self._kinds) >= 10_000:
+            self._kinds.clear()
+        self._kinds[typename] = kind
+        return kind
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)
