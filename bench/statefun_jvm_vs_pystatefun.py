@@ -36,7 +36,8 @@ a topic of its own (named in the record):
                a backlog on its own (latency: output read - the later of produce time and
                resume). B is larger than N so that a phase lasts seconds: a backlog of 60,000
                records is gone in under a second, and the time to the first output after the
-               resume (tens to 150 ms, varying from run to run) weighs too much in that
+               resume (26 to 158 ms, varying from run to run) weighs too much in so short a
+               phase
 
 Producers run in another process; the reader (read_committed) in this one.
 

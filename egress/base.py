@@ -1,7 +1,8 @@
 """The egress (sink) interface, and how a typed value is shown to people.
 
-A sink receives records from the dispatchers with ``write`` (never blocking the event loop)
-and persists or publishes them in ``flush``.
+A sink receives records from the dispatchers with ``write_many`` (a batch's records for it, in
+order; by default ``write`` each; never blocking the event loop) and persists or publishes
+them in ``flush``.
 
 Transactional sinks (``transactional = True``: files, Kafka) take part in checkpoints with a
 two-phase commit, so readers see every record exactly once:

@@ -290,7 +290,7 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        egress = [(record.typename, [record.typed_value]) for record in context.egress]
+        egress = [(r.typename, [r.typed_value]) for r in context.egress] if context.egress else ()
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(

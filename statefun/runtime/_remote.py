@@ -54,10 +54,9 @@ def encode_to_function(
     """
     parts = [_ld(b"\x0a", encode_address(typename, id_))]
     for name, state_typename, typed in states:
-        if typed is None:
-            value = encode_typed_value(state_typename, False, b"")
-        else:
-            value = encode_typed_value(typed.typename, typed.has_value, typed.value)
+        value = (
+            encode_typed_value(state_typename, False, b"") if typed is None else encode_typed(typed)
+        )
         parts.append(_ld(b"\x12", _ld(b"\x0a", name.encode("utf-8")) + _ld(b"\x12", value)))
     for envelope in batch:
         wire = envelope.wire
@@ -68,12 +67,11 @@ def encode_to_function(
 def invocation(envelope: Envelope) -> bytes:
     """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest (on the
     hot path: once per message waiting in a remote function's mailbox)."""
-    typed = encode_typed(envelope.value)
-    body = b"\x12" + varint(len(typed)) + typed
+    body = _ld(b"\x12", encode_typed(envelope.value))
     caller = envelope.caller
     if caller is not None:
         body = _ld(b"\x0a", encode_address(caller.typename, caller.id)) + body
-    return b"\x1a" + varint(len(body)) + body
+    return _ld(b"\x1a", body)
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:
