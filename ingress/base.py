@@ -35,8 +35,13 @@ class IngressContext(Protocol):
         """Wait until the runtime accepts messages."""
         ...
 
+    def has_room(self) -> bool:
+        """Whether the runtime accepts messages now (then ``room()`` would not wait)."""
+        ...
+
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
-        """Send now, without waiting (call right after ``room()``, in the same loop step)."""
+        """Send now, without waiting (call right after ``room()`` or ``has_room()`` said so, in
+        the same loop step)."""
         ...
 
     def is_function_type(self, typename: str) -> bool:

@@ -482,14 +482,21 @@ class KafkaSource(Source):
                     await self._discover(first=False)
                     next_discovery = loop.time() + self.discovery_interval_s
                 polling = self._call(self._poll)  # fetch the next batch while routing this one
-                for record in batch:
-                    await context.room()
-                    reason = self._route(record, routes[record.topic], context)
-                    if reason is not None:
-                        await self._reject(record, reason)
-                        self._positions[(record.topic, record.partition)] = record.offset + 1
+                await self._route_all(batch, routes, context)
         finally:
             polling.cancel()
+
+    async def _route_all(
+        self, batch: list[Any], routes: dict[str, _Route], context: IngressContext
+    ) -> None:
+        """Emit a polled batch, record by record, waiting whenever the runtime is full."""
+        for record in batch:
+            if not context.has_room():
+                await context.room()
+            reason = self._route(record, routes[record.topic], context)
+            if reason is not None:
+                await self._reject(record, reason)
+                self._positions[(record.topic, record.partition)] = record.offset + 1
 
     async def _discover(self, first: bool) -> None:
         starts, missing = await self._call(self._assign, first)

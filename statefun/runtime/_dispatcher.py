@@ -130,9 +130,10 @@ class Dispatcher:
         self.busy: dict[AddressKey, deque[Envelope]] = {}
         #: addresses with a batch in flight -> that batch (its effects are not applied yet)
         self.in_flight: dict[AddressKey, list[Envelope]] = {}
-        #: busy addresses of remote functions: messages waiting in their mailboxes are encoded
-        #: there, while the batch in flight is away, not when their own batch is sent
-        self._encode_ahead: set[AddressKey] = set()
+        #: busy addresses of remote functions -> their batch limit: messages waiting in their
+        #: mailboxes are encoded there, while the batch in flight is away, not when their own
+        #: batch is sent
+        self._encode_ahead: dict[AddressKey, int] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
@@ -140,12 +141,12 @@ class Dispatcher:
 
     # -- intake ----------------------------------------------------------------------------
 
-    def offer(self, envelope: Envelope, key_group: int) -> None:
+    def offer(self, envelope: Envelope, key_group: int, key: AddressKey) -> None:
+        """Take ``envelope`` for ``key`` (its typename and id) in ``key_group``."""
         if not self.inbox:
             # Nothing waits before it: a message to an address with a batch in flight joins
             # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
             # is full, not a whole poll later, and the loop is free when the reply comes.
-            key = (envelope.typename, envelope.id)
             mailbox = self.busy.get(key)
             if mailbox is not None:
                 self._wait_in_mailbox(key, mailbox, envelope)
@@ -219,7 +220,7 @@ class Dispatcher:
             return 1
         self.busy[key] = deque()
         if type(function) is RemoteFunction:
-            self._encode_ahead.add(key)
+            self._encode_ahead[key] = function.max_batch
         # In flight from now on (not from when the task first runs): a checkpoint cut in
         # between must still see this message.
         self.in_flight[key] = [envelope]
@@ -234,9 +235,13 @@ class Dispatcher:
         self, key: AddressKey, mailbox: deque[Envelope], envelope: Envelope
     ) -> None:
         mailbox.append(envelope)
-        if key in self._encode_ahead:
+        limit = self._encode_ahead.get(key)
+        if limit is not None:
             envelope.wire = invocation(envelope)
-        self.job.note_mailbox(key, len(mailbox))
+        else:
+            limit = self.job.batch_limit(key[0])
+        if len(mailbox) > limit:
+            self.job.note_mailbox(key, len(mailbox))
 
     # -- embedded functions: prepare, call, apply ---------------------------------------------
 
@@ -374,7 +379,7 @@ class Dispatcher:
         finally:
             self.busy.pop(key, None)
             self.in_flight.pop(key, None)
-            self._encode_ahead.discard(key)
+            self._encode_ahead.pop(key, None)
             job.mailbox_taken(key, 0)
 
     async def _call_embedded_async(

@@ -148,6 +148,9 @@ class Job:
         while not self._room.is_set():
             await self._room.wait()
 
+    def has_room(self) -> bool:
+        return self._room.is_set()
+
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         self.send(Envelope(typename, id_, value, caller))
 
@@ -177,7 +180,7 @@ class Job:
             full = self.pending - self.pending_remote >= self.settings.max_in_flight_messages
         if full and self._room.is_set():
             self._room.clear()
-        self._subtask_of[key_group].offer(envelope, key_group)
+        self._subtask_of[key_group].offer(envelope, key_group, address)
 
     def release(self, count: int) -> None:
         """``count`` messages (not to remote functions) finished processing."""

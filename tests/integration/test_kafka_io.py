@@ -241,6 +241,9 @@ class Collector:
         while self.limit is not None and len(self.got) >= self.limit:
             await asyncio.sleep(3600)  # backpressure: the source must wait here
 
+    def has_room(self) -> bool:
+        return self.limit is None or len(self.got) < self.limit
+
     def emit(self, typename: str, id_: str, value: Any, caller: Any = None) -> None:
         self.got.append((typename, id_, bytes(value.value)))
         self.changed.set()

@@ -8,6 +8,7 @@ from statefun.runtime._remote import encode_to_function, invocation
 from statefun.sdk import TypedValue
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
+from statefun.sdk._wire import varint
 
 FN = "com.example/counter"
 
@@ -53,3 +54,28 @@ def test_encoded_ahead_or_not_the_same_bytes() -> None:
     for envelope in ahead[1:]:
         envelope.wire = invocation(envelope)
     assert encode_to_function(FN, "k", [], ahead) == encode_to_function(FN, "k", [], late)
+
+
+def test_invocation_is_what_protobuf_writes_at_every_length() -> None:
+    """The one-byte-length fast path and the general one, around where they meet (an
+    Invocation of 127 bytes) and for every kind of value and sender."""
+    caller = SdkAddress("org.x", "sender", "s-1", "org.x/sender")
+    for typename in ("a/b", "com.example/" + "t" * 40):
+        for size in [*range(0, 140), 300, 20_000]:
+            for sender in (None, caller):
+                for has_value in (True, False):
+                    value = bytes(range(256))[:size] * (1 + size // 256)
+                    value = value[:size] if has_value else b""
+                    typed = TypedValue(typename, value if has_value else None)
+                    expected = pb.ToFunction.Invocation(
+                        argument=pb.TypedValue(typename=typename, has_value=has_value, value=value)
+                    )
+                    if sender is not None:
+                        expected.caller.namespace, expected.caller.type = "org.x", "sender"
+                        expected.caller.id = "s-1"
+                    body = expected.SerializeToString()
+                    got = invocation(Envelope(FN, "k", typed, sender))
+                    assert pb.ToFunction.InvocationBatchRequest.FromString(got).invocations == [
+                        expected
+                    ]
+                    assert got == b"\x1a" + varint(len(body)) + body, (typename, size, sender)

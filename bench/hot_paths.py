@@ -1,0 +1,165 @@
+"""The runtime's per-record CPU on a remote function's hot path, without Kafka, HTTP or peers.
+
+With one hot key the side-by-side benchmark (bench/statefun_jvm_vs_pystatefun.py) is bound by
+the runtime's CPU per record, spread over a few steps that this script times one by one, in
+this process, on the same records as that benchmark (value ``b"<topic> <ns>"`` typed
+``bench/stamp``, the counter function of bench/_jvm_counter.py):
+
+  route    a polled batch of 1,000 Kafka records through the Kafka ingress (``_route_all``)
+           into the mailbox of an address that has a batch in flight - one hot key, or 1,000
+           keys - each message encoded there (encode-ahead)
+  decode   a FromFunction of 1,000 results (state, 1,000 Kafka egress records) parsed
+  apply    its state applied and its egress grouped per egress id (``_apply_remote``)
+  emit     the egress records handed to a Kafka egress (``KafkaSink.write_many``: decoded
+           into rows for the producer thread; nothing is sent)
+
+Each figure is the best of ``--repeat`` rounds, in microseconds per record. Compare two
+commits by running it on both (the figures move by a few percent from run to run).
+
+    .venv/bin/python bench/hot_paths.py
+    .venv/bin/python bench/hot_paths.py --rounds 100 --repeat 3   # quicker
+
+Progress goes to stderr; a Markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import time
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
+
+from bench._common import progress  # noqa: E402
+from bench._jvm_counter import functions  # noqa: E402
+from statefun._keygroups import key_group_for  # noqa: E402
+from statefun._settings import Settings  # noqa: E402
+from statefun.egress.kafka import KafkaSink  # noqa: E402
+from statefun.ingress.kafka import KafkaSource, _Route  # noqa: E402
+from statefun.module._specs import (  # noqa: E402
+    FunctionTarget,
+    HttpEndpointSpec,
+    KafkaTopicSpec,
+    ModuleSpec,
+)
+from statefun.runtime import Job  # noqa: E402
+from statefun.runtime._envelope import Envelope  # noqa: E402
+from statefun.runtime._functions import RemoteFunction, StateSpec  # noqa: E402
+from statefun.runtime._remote import decode_from_function, encode_to_function  # noqa: E402
+from statefun.sdk import IntType, TypedValue  # noqa: E402
+from statefun.sdk._handler import RequestReplyHandler  # noqa: E402
+
+FUNCTION = "bench/counter"
+STAMP = b"bench-out-0 1733241234567890123"
+BATCH = 1_000
+
+
+def new_job() -> tuple[Job, KafkaSink, RemoteFunction]:
+    endpoint = HttpEndpointSpec(FunctionTarget("bench", None), "http://127.0.0.1:1/statefun")
+    sink = KafkaSink("bench/out", "127.0.0.1:1", "at-least-once", timedelta(minutes=1), {})
+    job = Job(
+        ModuleSpec(endpoints=(endpoint,)),
+        Settings(max_in_flight_remote_messages=10**9),
+        sinks=[sink],
+    )
+    function = job.functions.resolve(FUNCTION)
+    assert isinstance(function, RemoteFunction)
+    function.register(StateSpec("count", IntType.typename))
+    return job, sink, function
+
+
+async def time_route(keys: int, rounds: int) -> float:
+    """Seconds per record to route a poll into busy mailboxes."""
+    job, _, _ = new_job()
+    topic = KafkaTopicSpec("bench-in", "bench/stamp", (FUNCTION,))
+    source = KafkaSource("bench/in", "127.0.0.1:1", [topic])
+    routes = {"bench-in": _Route(topic, job)}
+    ids = [f"k{i % keys}".encode() for i in range(BATCH)]
+    records = [
+        tuple.__new__(
+            ConsumerRecord,
+            ("bench-in", 0, 0, i, 0, 0, ids[i], STAMP, [], None, len(ids[i]), len(STAMP), -1),
+        )
+        for i in range(BATCH)
+    ]
+    for id_ in set(ids):  # each address has a batch in flight
+        key = (FUNCTION, id_.decode())
+        dispatcher = job._subtask_of[key_group_for(*key, job.settings.max_parallelism)]
+        dispatcher.busy[key] = deque()
+        dispatcher._encode_ahead[key] = BATCH
+    spent = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await source._route_all(records, routes, job)
+        spent += time.perf_counter() - started
+        for dispatcher in job.dispatchers:  # empty again, with the gate open
+            for mailbox in dispatcher.busy.values():
+                mailbox.clear()
+        job.pending = job.pending_remote = 0
+        job._overfull_mailboxes.clear()
+        job._room.set()
+    return spent / (rounds * BATCH)
+
+
+def time_reply(rounds: int) -> dict[str, float]:
+    """Seconds per record to decode, apply and emit a reply of BATCH results."""
+    job, sink, function = new_job()
+    batch = [Envelope(FUNCTION, "hot", TypedValue("bench/stamp", STAMP), None)] * BATCH
+    body = encode_to_function(FUNCTION, "hot", [("count", IntType.typename, None)], batch)
+    reply = RequestReplyHandler(functions).handle_sync(body)
+    dispatcher = job.dispatchers[0]
+    key = (FUNCTION, "hot")
+    spent = {"decode": 0.0, "apply": 0.0, "emit": 0.0}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        response = decode_from_function(reply, FUNCTION)
+        t1 = time.perf_counter()
+        outputs = dispatcher._apply_remote(function, key, 0, {}, response.invocation_result, 0)
+        t2 = time.perf_counter()
+        outputs()
+        t3 = time.perf_counter()
+        if len(sink._buffer) != BATCH:
+            raise AssertionError(f"{len(sink._buffer)} egress rows, expected {BATCH}")
+        sink._buffer.clear()
+        spent["decode"] += t1 - t0
+        spent["apply"] += t2 - t1
+        spent["emit"] += t3 - t2
+    return {step: seconds / (rounds * BATCH) for step, seconds in spent.items()}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300, help="batches per measurement")
+    parser.add_argument("--repeat", type=int, default=5, help="measurements; the best counts")
+    args = parser.parse_args()
+    best: dict[str, float] = {}
+    for attempt in range(1, args.repeat + 1):
+        progress(f"round {attempt}/{args.repeat}")
+        found = {
+            "route, one hot key": await time_route(1, args.rounds),
+            "route, 1,000 keys": await time_route(BATCH, args.rounds),
+            **time_reply(args.rounds),
+        }
+        for step, seconds in found.items():
+            best[step] = min(best.get(step, float("inf")), seconds)
+    print(f"Python {platform.python_version()}; best of {args.repeat} x {args.rounds} batches")
+    print()
+    print("| step | us per record |")
+    print("|---|---:|")
+    for step, seconds in best.items():
+        print(f"| {step} | {seconds * 1e6:.2f} |")
+    reply = sum(best[s] for s in ("decode", "apply", "emit"))
+    print(f"| reply (decode + apply + emit) | {reply * 1e6:.2f} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
