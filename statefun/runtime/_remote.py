@@ -30,6 +30,7 @@ from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import (
+    ONE_BYTE,
     encode_address,
     encode_typed,
     encode_typed_value,
@@ -42,12 +43,9 @@ __all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invoca
 log = logging.getLogger(__name__)
 
 
-_ONE_BYTE = [bytes((i,)) for i in range(128)]
-
-
 def _ld(tag: bytes, payload: bytes) -> bytes:
     n = len(payload)
-    return tag + (_ONE_BYTE[n] if n < 128 else varint(n)) + payload
+    return tag + (ONE_BYTE[n] if n < 128 else varint(n)) + payload
 
 
 def encode_to_function(
@@ -87,7 +85,7 @@ def invocation(envelope: Envelope) -> bytes:
         n = len(value)
         inner = len(prefix) + 2 + n
         if n > 0 and inner < 126:
-            one = _ONE_BYTE
+            one = ONE_BYTE
             return b"".join(
                 (b"\x1a", one[inner + 2], b"\x12", one[inner], prefix, b"\x1a", one[n], value)
             )
