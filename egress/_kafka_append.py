@@ -262,13 +262,31 @@ class BulkAppender:
         remembered = getattr(self._partitioner, "remembered", None)
         counts: dict[str, int] = {}  # partitions per topic, read once per list
         grouped: dict[TopicPartition, list[tuple[Any, ...]]] = {}
+        # a keyed row like the one before it (a hot key's records) goes where that one went
+        last_topic: str | None = None
+        last_key: str | None = None
+        key_bytes: bytes | None = None
+        records: list[tuple[Any, ...]] = []
         for topic, key, value, headers in rows:
-            count = counts.get(topic)
-            if count is None:
-                if metadata.partitions_for_topic(topic) is None:
-                    self._producer._wait_on_metadata(topic, self._max_block_ms)
-                count = counts[topic] = len(metadata.partitions_for_topic(topic) or ())
-            key_bytes = None if key is None else key.encode("utf-8")
+            if key is None or key != last_key or topic != last_topic:
+                count = counts.get(topic)
+                if count is None:
+                    if metadata.partitions_for_topic(topic) is None:
+                        self._producer._wait_on_metadata(topic, self._max_block_ms)
+                    count = counts[topic] = len(metadata.partitions_for_topic(topic) or ())
+                key_bytes = None if key is None else key.encode("utf-8")
+                number = None
+                if remembered is not None and key_bytes is not None:
+                    number = remembered(topic, key_bytes, count)
+                if number is None:
+                    number = partition(topic, None, key_bytes, None, None, metadata)
+                tp = partitions.get((topic, number))
+                if tp is None:
+                    tp = partitions[(topic, number)] = TopicPartition(topic, number)
+                found = grouped.get(tp)
+                if found is None:
+                    found = grouped[tp] = []
+                records, last_topic, last_key = found, topic, key
             size = len(value) + (0 if key_bytes is None else len(key_bytes))
             if headers:
                 size += sum(len(name) + len(data) for name, data in headers)
@@ -277,17 +295,6 @@ class BulkAppender:
                     f"a record for topic {topic} is {size + _RECORD_OVERHEAD} bytes, more "
                     f"than max.request.size ({self._max_request_size})"
                 )
-            number = None
-            if remembered is not None and key_bytes is not None:
-                number = remembered(topic, key_bytes, count)
-            if number is None:
-                number = partition(topic, None, key_bytes, None, None, metadata)
-            tp = partitions.get((topic, number))
-            if tp is None:
-                tp = partitions[(topic, number)] = TopicPartition(topic, number)
-            records = grouped.get(tp)
-            if records is None:
-                records = grouped[tp] = []
             records.append((key_bytes, value, headers or []))
         return grouped
 

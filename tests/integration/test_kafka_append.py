@@ -108,6 +108,34 @@ def test_bulk_appends_place_and_order_records_as_send_does(bootstrap: str, produ
     assert (b"h", b"with headers", (("a", b"1"), ("b", b""))) in everything
 
 
+def test_runs_of_one_key_keep_to_their_topic_and_partition(bootstrap: str, producer: Any) -> None:
+    """A row with the topic and key of the row before it goes where that one went (a hot
+    key's records): only while both are the same, and never for rows without a key."""
+
+    def rows(first: str, second: str) -> list[Row]:
+        out: list[Row] = [(first, "hot", f"a{n}".encode(), None) for n in range(30)]
+        out += [(second, "hot", f"b{n}".encode(), None) for n in range(10)]  # other topic
+        out += [(first, None, f"free{n}".encode(), None) for n in range(3)]
+        out += [(first, "hot", f"c{n}".encode(), None) for n in range(10)]
+        out += [(first, "cold", f"d{n}".encode(), None) for n in range(10)]
+        return out
+
+    topics = [topic_with(bootstrap, name, 3) for name in ("runs", "runs2", "ref", "ref2")]
+    sent = appender(producer).append(rows(topics[0], topics[1]))
+    reference = send_each(producer, rows(topics[2], topics[3]))
+    producer.flush(timeout=30)
+    assert sent.failures() == [] and reference.failures() == []
+
+    def keyed(topic: str) -> dict[int, list[tuple[Any, ...]]]:  # unkeyed ones go anywhere
+        placed = by_partition(bootstrap, topic)
+        found = {p: [r for r in got if r[0] is not None] for p, got in placed.items()}
+        return {p: got for p, got in found.items() if got}
+
+    assert keyed(topics[0]) == keyed(topics[2])
+    assert keyed(topics[1]) == keyed(topics[3])
+    assert sum(len(got) for got in by_partition(bootstrap, topics[0]).values()) == 53
+
+
 def test_one_list_to_several_topics(bootstrap: str, producer: Any) -> None:
     first, second = topic_with(bootstrap, "one"), topic_with(bootstrap, "two")
     rows: list[Row] = [(first if n % 2 else second, None, str(n).encode(), None) for n in range(40)]
