@@ -101,6 +101,9 @@ async def time_route(keys: int, rounds: int) -> float:
         started = time.perf_counter()
         await source._route_all(records, routes, job)
         spent += time.perf_counter() - started
+        waiting = sum(len(m) for d in job.dispatchers for m in d.busy.values())
+        if waiting != BATCH:
+            raise AssertionError(f"{waiting} messages in the mailboxes, expected {BATCH}")
         for dispatcher in job.dispatchers:  # empty again, with the gate open
             for mailbox in dispatcher.busy.values():
                 mailbox.clear()

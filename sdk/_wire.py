@@ -24,7 +24,7 @@ __all__ = [
     "encode_invocation_response",
     "encode_typed",
     "encode_typed_value",
-    "typed_prefix",
+    "message_field",
     "varint",
 ]
 
@@ -54,7 +54,7 @@ def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + (ONE_BYTE[n] if n < 128 else varint(n)) + payload
 
 
-def _message(tag: bytes, payload: bytes) -> bytes:
+def message_field(tag: bytes, payload: bytes) -> bytes:
     """A sub-message field: present even when empty."""
     n = len(payload)
     return tag + (ONE_BYTE[n] if n < 128 else varint(n)) + payload
@@ -88,22 +88,15 @@ def encode_typed_value(typename: str, has_value: bool, value: bytes) -> bytes:
 _with_value_prefix: dict[str, bytes] = {}
 
 
-def typed_prefix(typename: str) -> bytes:
-    """The TypedValue fields before the value bytes of a ``typename`` value with a value:
-    typename and has_value (cached)."""
-    prefix = _with_value_prefix.get(typename)
-    if prefix is None:
-        prefix = _typed_value_prefix(typename) + b"\x10\x01"
-        if len(_with_value_prefix) < 10_000:
-            _with_value_prefix[typename] = prefix
-    return prefix
-
-
 def encode_typed(typed: Any) -> bytes:
     """TypedValue fields of a typed value (ours or a protobuf TypedValue); the hot path."""
     if typed.has_value:
         typename = typed.typename
-        prefix = _with_value_prefix.get(typename) or typed_prefix(typename)
+        prefix = _with_value_prefix.get(typename)
+        if prefix is None:
+            prefix = _typed_value_prefix(typename) + b"\x10\x01"
+            if len(_with_value_prefix) < 10_000:
+                _with_value_prefix[typename] = prefix
         value: bytes = typed.value
         if not value:
             return prefix
@@ -125,7 +118,7 @@ def encode_address(typename: str, id_: str) -> bytes:
 
 
 def _outgoing(message: Message) -> bytes:
-    # _message(0x12, _message(0x0a, address) + _message(0x12, typed value)), inlined
+    # message_field(0x12, message_field(0x0a, address) + message_field(0x12, typed value)), inlined
     address = encode_address(message.target_typename, message.target_id)
     typed = encode_typed(message.typed_value)
     a, t = len(address), len(typed)
@@ -144,20 +137,20 @@ def _delayed(delayed: DelayedMessage) -> bytes:
     else:
         body = (
             (b"\x08" + varint(delayed.delay_ms) if delayed.delay_ms else b"")
-            + _message(b"\x12", encode_address(message.target_typename, message.target_id))
-            + _message(b"\x1a", encode_typed(message.typed_value))
+            + message_field(b"\x12", encode_address(message.target_typename, message.target_id))
+            + message_field(b"\x1a", encode_typed(message.typed_value))
             + _field(b"\x5a", delayed.cancellation_token.encode("utf-8"))
         )
-    return _message(b"\x1a", body)
+    return message_field(b"\x1a", body)
 
 
 def _egress(message: EgressMessage) -> bytes:
     namespace, _, name = message.typename.rpartition("/")
-    return _message(
+    return message_field(
         b"\x22",
         _field(b"\x0a", namespace.encode("utf-8"))
         + _field(b"\x12", name.encode("utf-8"))
-        + _message(b"\x1a", encode_typed(message.typed_value)),
+        + message_field(b"\x1a", encode_typed(message.typed_value)),
     )
 
 
@@ -171,7 +164,7 @@ def _mutation(name: str, typed: Any) -> bytes:
         if len(_state_name_field) < 10_000:
             _state_name_field[name] = name_field
     if typed is None:  # DELETE is enum value 0: nothing but the name
-        return _message(b"\x0a", name_field)
+        return message_field(b"\x0a", name_field)
     value = encode_typed(typed)
     t = len(value)
     body = b"\x08\x01" + name_field + b"\x1a" + (ONE_BYTE[t] if t < 128 else varint(t)) + value

@@ -34,18 +34,12 @@ from statefun.sdk._wire import (
     encode_address,
     encode_typed,
     encode_typed_value,
-    typed_prefix,
-    varint,
+    message_field,
 )
 
 __all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
 
 log = logging.getLogger(__name__)
-
-
-def _ld(tag: bytes, payload: bytes) -> bytes:
-    n = len(payload)
-    return tag + (ONE_BYTE[n] if n < 128 else varint(n)) + payload
 
 
 def encode_to_function(
@@ -60,39 +54,35 @@ def encode_to_function(
     function registered; absent values are sent with ``has_value`` false, so the function sees
     the name and knows it was registered.
     """
-    parts = [_ld(b"\x0a", encode_address(typename, id_))]
+    parts = [message_field(b"\x0a", encode_address(typename, id_))]
     for name, state_typename, typed in states:
         value = (
             encode_typed_value(state_typename, False, b"") if typed is None else encode_typed(typed)
         )
-        parts.append(_ld(b"\x12", _ld(b"\x0a", name.encode("utf-8")) + _ld(b"\x12", value)))
+        parts.append(
+            message_field(
+                b"\x12",
+                message_field(b"\x0a", name.encode("utf-8")) + message_field(b"\x12", value),
+            )
+        )
     for envelope in batch:
         wire = envelope.wire
         parts.append(invocation(envelope) if wire is None else wire)
-    return _ld(b"\xa2\x06", b"".join(parts))
+    return message_field(b"\xa2\x06", b"".join(parts))
 
 
 def invocation(envelope: Envelope) -> bytes:
     """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest (on the
     hot path: once per message waiting in a remote function's mailbox)."""
-    typed = envelope.value
+    typed = encode_typed(envelope.value)
     caller = envelope.caller
-    if caller is None and typed.has_value:
-        # From an ingress: Invocation{argument=TypedValue{typename, has_value, value}} in one
-        # join while both lengths take one byte (a chain of + costs twice as much).
-        value = typed.value
-        prefix = typed_prefix(typed.typename)
-        n = len(value)
-        inner = len(prefix) + 2 + n
-        if n > 0 and inner < 126:
-            one = ONE_BYTE
-            return b"".join(
-                (b"\x1a", one[inner + 2], b"\x12", one[inner], prefix, b"\x1a", one[n], value)
-            )
-    body = _ld(b"\x12", encode_typed(typed))
-    if caller is not None:
-        body = _ld(b"\x0a", encode_address(caller.typename, caller.id)) + body
-    return _ld(b"\x1a", body)
+    if caller is None:
+        n = len(typed)
+        if n < 126:  # both lengths take one byte: one join (a chain of + copies once per part)
+            return b"".join((b"\x1a", ONE_BYTE[n + 2], b"\x12", ONE_BYTE[n], typed))
+        return message_field(b"\x1a", message_field(b"\x12", typed))
+    sender = message_field(b"\x0a", encode_address(caller.typename, caller.id))
+    return message_field(b"\x1a", sender + message_field(b"\x12", typed))
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

@@ -64,8 +64,7 @@ def test_invocation_is_what_protobuf_writes_at_every_length() -> None:
         for size in [*range(0, 140), 300, 20_000]:
             for sender in (None, caller):
                 for has_value in (True, False):
-                    value = bytes(range(256))[:size] * (1 + size // 256)
-                    value = value[:size] if has_value else b""
+                    value = (bytes(range(256)) * (1 + size // 256))[:size] if has_value else b""
                     typed = TypedValue(typename, value if has_value else None)
                     expected = pb.ToFunction.Invocation(
                         argument=pb.TypedValue(typename=typename, has_value=has_value, value=value)
