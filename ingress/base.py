@@ -15,6 +15,7 @@ a checkpoint holding some position is durable (commit offsets, trim a write-ahea
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from statefun.sdk._spec import SdkAddress
@@ -42,6 +43,12 @@ class IngressContext(Protocol):
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         """Send now, without waiting (call right after ``room()`` or ``has_room()`` said so, in
         the same loop step)."""
+        ...
+
+    def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
+        """Send ``messages[start:]``, ``(id, value)`` pairs, to ``typename`` in order, each as
+        ``emit`` would, while ``has_room()``: the index of the first one not sent
+        (``len(messages)`` once all are)."""
         ...
 
     def is_function_type(self, typename: str) -> bool:

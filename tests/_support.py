@@ -9,8 +9,26 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+
+class EmitMany:
+    """``IngressContext.emit_many`` for a test's context, from its ``has_room`` and ``emit``."""
+
+    def has_room(self) -> bool:
+        raise NotImplementedError
+
+    def emit(self, typename: str, id_: str, value: Any, caller: Any = None) -> None:
+        raise NotImplementedError
+
+    def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
+        for index in range(start, len(messages)):
+            if not self.has_room():
+                return index
+            self.emit(typename, *messages[index])
+        return len(messages)
 
 
 def free_port() -> int:

@@ -33,6 +33,7 @@ from statefun.runtime._plan import build_job
 from statefun.sdk import StringType, TypedValue
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._serve import start_server
+from tests._support import EmitMany
 from tests.integration.fns.kafka_fns import EGRESS, functions
 from tests.unit.test_kafka_egress_config import JAVA_MURMUR2
 
@@ -229,7 +230,7 @@ async def test_records_through_functions_to_kafka(
 # -- source positions -----------------------------------------------------------------------------
 
 
-class Collector:
+class Collector(EmitMany):
     """An IngressContext that records messages and stops making room after ``limit``."""
 
     def __init__(self, limit: int | None = None) -> None:
