@@ -158,9 +158,10 @@ class Job:
         """Send ``messages[start:]`` (``(id, value)`` pairs, from no caller) to ``typename``, in
         order, while there is room: the index of the first one not sent (``len(messages)``:
         all of them). The same as ``has_room()`` then ``emit`` for each, with ``send`` inlined
-        (a Kafka ingress's hot path: a polled batch's records mostly go to one function type).
+        (a Kafka ingress's hot path: a polled batch's records mostly go to one function type);
+        keep the two in step (tests/unit/test_job_emit_many.py compares them).
         """
-        if typename == REPLY_TYPENAME:  # not for sources: the general path says so
+        if typename == REPLY_TYPENAME:  # HTTP replies (no source sends them): as ``emit``
             for index in range(start, len(messages)):
                 if not self._room.is_set():
                     return index
