@@ -539,7 +539,7 @@ class KafkaSource(Source):
             key, value = record.key, record.value
             if key is None or value is None or record.partition != partition:
                 break
-            if record.topic != topic:
+            if record.topic != topic:  # (a poll's records come grouped by partition)
                 break
             try:
                 id_ = key.decode("utf-8")

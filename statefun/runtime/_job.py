@@ -177,25 +177,31 @@ class Job:
         key_groups = self._key_groups
         subtask_of = self._subtask_of
         max_parallelism = settings.max_parallelism
-        for index in range(start, len(messages)):
-            if not room.is_set():
-                return index
-            id_, value = messages[index]
-            address = (typename, id_)
-            key_group = key_groups.get(address)
-            if key_group is None:
-                if len(key_groups) >= 100_000:
-                    key_groups.clear()
-                key_group = key_groups[address] = key_group_for(typename, id_, max_parallelism)
-            self.pending += 1
-            if remote:
-                self.pending_remote += 1
-                full = self.pending_remote >= limit
-            else:
-                full = self.pending - self.pending_remote >= limit
-            if full:
-                room.clear()
-            subtask_of[key_group].offer(Envelope(typename, id_, value, None), key_group, address)
+        # the counts in flight, kept here and written back (offer() does not read them)
+        pending, pending_remote = self.pending, self.pending_remote
+        try:
+            for index in range(start, len(messages)):
+                if not room.is_set():
+                    return index
+                id_, value = messages[index]
+                address = (typename, id_)
+                key_group = key_groups.get(address)
+                if key_group is None:
+                    if len(key_groups) >= 100_000:
+                        key_groups.clear()
+                    key_group = key_groups[address] = key_group_for(typename, id_, max_parallelism)
+                pending += 1
+                if remote:
+                    pending_remote += 1
+                    if pending_remote >= limit:
+                        room.clear()
+                elif pending - pending_remote >= limit:
+                    room.clear()
+                subtask_of[key_group].offer(
+                    Envelope(typename, id_, value, None), key_group, address
+                )
+        finally:
+            self.pending, self.pending_remote = pending, pending_remote
         return len(messages)
 
     def is_function_type(self, typename: str) -> bool:
