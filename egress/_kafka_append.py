@@ -295,7 +295,7 @@ class BulkAppender:
                     f"a record for topic {topic} is {size + _RECORD_OVERHEAD} bytes, more "
                     f"than max.request.size ({self._max_request_size})"
                 )
-            records.append((key_bytes, value, headers or []))
+            records.append((key_bytes, value, headers or ()))  # (): shared, not a new list per row
         return grouped
 
     def _append_partition(
