@@ -176,7 +176,6 @@ class Job:
         room = self._room
         key_groups = self._key_groups
         subtask_of = self._subtask_of
-        max_parallelism = settings.max_parallelism
         # the counts in flight, kept here and written back (offer() does not read them)
         pending, pending_remote = self.pending, self.pending_remote
         try:
@@ -187,9 +186,7 @@ class Job:
                 address = (typename, id_)
                 key_group = key_groups.get(address)
                 if key_group is None:
-                    if len(key_groups) >= 100_000:
-                        key_groups.clear()
-                    key_group = key_groups[address] = key_group_for(typename, id_, max_parallelism)
+                    key_group = self._new_key_group(address)
                 pending += 1
                 if remote:
                     pending_remote += 1
@@ -218,10 +215,7 @@ class Job:
         address = (typename, envelope.id)
         key_group = self._key_groups.get(address)
         if key_group is None:
-            if len(self._key_groups) >= 100_000:
-                self._key_groups.clear()
-            key_group = key_group_for(typename, envelope.id, self.settings.max_parallelism)
-            self._key_groups[address] = key_group
+            key_group = self._new_key_group(address)
         self.pending += 1
         if (self._kinds.get(typename) or self._kind(typename))[0]:
             self.pending_remote += 1
@@ -231,6 +225,15 @@ class Job:
         if full and self._room.is_set():
             self._room.clear()
         self._subtask_of[key_group].offer(envelope, key_group, address)
+
+    def _new_key_group(self, address: tuple[str, str]) -> int:
+        """The key group of ``address`` (typename, id), computed and kept in the cache, which
+        ``send`` and ``emit_many`` read first (bounded: cleared when full)."""
+        if len(self._key_groups) >= 100_000:
+            self._key_groups.clear()
+        key_group = key_group_for(*address, self.settings.max_parallelism)
+        self._key_groups[address] = key_group
+        return key_group
 
     def release(self, count: int) -> None:
         """``count`` messages (not to remote functions) finished processing."""
