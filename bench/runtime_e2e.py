@@ -21,7 +21,7 @@ admitted by ``submit``. Scenarios, one after another in one run:
       compare the runtime with the same server minus the SDK's work)
 
 The ceiling's messages/s are its requests/s times the messages per request of the remote
-scenario it bounds. Targets (from the issue): embedded >= 100k messages/s; remote >= 70% of
+scenario it bounds. Targets: embedded >= 100k messages/s; remote >= 70% of
 the (aiohttp) ceiling.
 
     .venv/bin/python bench/runtime_e2e.py            # full run, about 2 minutes
@@ -50,6 +50,7 @@ from array import array
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -151,12 +152,14 @@ class CallStats:
         self.last = now
 
     def wrap(self, call: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-        async def counted(url: str, body: bytes, transport: TransportSpec, typename: str) -> bytes:
+        async def counted(
+            url: str, body: bytes, transport: TransportSpec, typename: str, *rest: Any
+        ) -> bytes:
             self._tick()
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
             try:
-                raw = await call(url, body, transport, typename)
+                raw = await call(url, body, transport, typename, *rest)
             finally:
                 self._tick()
                 self.in_flight -= 1
