@@ -948,9 +948,10 @@ def main() -> int:
         part_stall_and_recover(args, report)
     note_load("end")
 
-    print()
     if args.smoke:
         smoke_banner()
+    else:
+        print()
     print(
         f"Machine: {before}; after the run: load average "
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; run took "

@@ -664,9 +664,10 @@ def main() -> int:
                 ceilings.append((bound, ceiling, server))
                 results.append(ceiling)
 
-    print()
     if args.smoke:
         smoke_banner()
+    else:
+        print()
     print(
         f"Machine: {note_before}; after the run: load average "
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}"
