@@ -63,6 +63,7 @@ def test_state_snapshot() -> None:
 
 
 @pytest.mark.compat  # the official SDK and the fork in their own virtualenvs
+@pytest.mark.timeout(660)
 def test_sdk_handler() -> None:
     out = smoke("sdk_handler.py", timeout=600)  # a first run builds the peers' virtualenvs
     assert "official 3.3.0" in out and "fork 3.5.0" in out
