@@ -89,5 +89,13 @@ class StateBackend(abc.ABC):
         Any backend reads the format of any other (``manifest["backend"]``).
         """
 
+    def clear(self) -> None:
+        """Drop every key group's state: undoes a ``restore`` that failed half-way (a damaged
+        checkpoint), before an older checkpoint is restored instead. Slow here (every address
+        is deleted); backends override it."""
+        for key_group in self.key_groups():
+            for key, _values in self.items(key_group):
+                self.put(key_group, key, {})
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
