@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -209,7 +210,14 @@ def read_memory_snapshot(
     path = directory / STATE_FILE
     try:
         with path.open("rb") as data:
+            size = os.fstat(data.fileno()).st_size
+            if manifest.get("bytes") is not None and size != manifest["bytes"]:
+                raise CheckpointDamagedError(
+                    str(path), f"{size} bytes, {manifest['bytes']} expected (truncated or changed)"
+                )
             unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
+            entries = 0
+            # Iterating an Unpacker stops quietly at a record cut short: the counts tell.
             for header in unpacker:
                 key_group = int(header["key_group"])  # the stored key group is the truth
                 keep = wanted is None or key_group in wanted
@@ -217,9 +225,14 @@ def read_memory_snapshot(
                     chunk = next(unpacker, None)
                     if chunk is None:
                         raise ValueError(f"key group {key_group}: ends before its last chunk")
+                    entries += len(chunk)
                     if keep:
                         for typename, id_, wire in chunk:
                             yield key_group, (typename, id_), values_from_wire(wire)
+            if unpacker.tell() != size:
+                raise ValueError(f"a record cut short at byte {unpacker.tell()} of {size}")
+            if manifest.get("entries") is not None and entries != manifest["entries"]:
+                raise ValueError(f"{entries} addresses, {manifest['entries']} expected")
     except CheckpointDamagedError:
         raise
     except FileNotFoundError:

@@ -311,3 +311,38 @@ def test_wal_trims_only_what_every_retained_checkpoint_covers(tmp_path: Path) ->
     assert [r[0] for r in wal.read_after(seqs[3])] == seqs[4:]
     assert min(r[0] for r in wal.read_after(0)) > seqs[1]
     wal.close()
+
+
+# -- checkpoints written before checksums: damage found while decoding ---------------------
+
+
+def strip_checksums(metadata_path: Path) -> None:
+    """Make a checkpoint look written by a version without checksums (format 2)."""
+    metadata = json.loads(metadata_path.read_text())
+    for key in ("files", "checksum", "metadata_crc32c"):
+        del metadata[key]
+    metadata["format"] = 2
+    metadata_path.write_text(json.dumps(metadata, indent=1))
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+async def test_a_half_restored_checkpoint_is_undone_before_the_older_one(
+    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without checksums the damage shows only while the state is read, half of it loaded
+    already: that half is dropped (StateBackend.clear) before the older checkpoint."""
+    write_input(tmp_path / "in.jsonl", IDS, PER_ID)
+    await crash_after(tmp_path, backend, CRASH_AFTER)
+    newest = folder(tmp_path, CRASH_AFTER)
+    strip_checksums(newest / "_metadata")
+    if backend == "memory":
+        target = newest / "state" / "state.msgpack"
+    else:
+        target = own_file(newest / "state", "delta-*.msgpack")
+    data = target.read_bytes()  # the last third spoiled (0xc1: no msgpack value), same size
+    cut = len(data) * 2 // 3
+    target.write_bytes(data[:cut] + b"\xc1" * (len(data) - cut))
+    caplog.set_level(logging.INFO)
+    await job_for(tmp_path, backend).run()
+    assert_fell_back(caplog, str(target.relative_to(newest)), "does not decode")
+    assert output(tmp_path / "out.jsonl") == expected(IDS, PER_ID)
