@@ -52,10 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import crc32c
 import msgpack
 
-from statefun._checksums import ALGORITHM
+from statefun._checksums import ALGORITHM, crc32c
 from statefun._exceptions import JobFailedError
 from statefun._files import write_synced
 from statefun.checkpoint._codec import encode_envelopes, encode_timers
@@ -282,7 +281,7 @@ class CheckpointCoordinator:
             )
         )
         write_synced(folder / CUT_FILE, data)
-        files = {CUT_FILE: [len(data), crc32c.crc32c(data)]}
+        files = {CUT_FILE: [len(data), crc32c(data)]}
         for name, checksum in manifest.pop("checksums", {}).items():
             files[f"state/{name}"] = list(checksum)
         return {"state": manifest, "checksum": ALGORITHM, "files": files}

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import crc32c
-
+from statefun._checksums import crc32c
 from statefun._exceptions import CheckpointDamagedError, ConfigurationError
 from statefun._files import fsync_dir, write_atomically
 
@@ -88,7 +87,7 @@ def _canonical(metadata: dict[str, Any]) -> bytes:
 def seal_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     """``metadata`` with its own checksum added."""
     rest = {k: v for k, v in metadata.items() if k != SELF_CHECKSUM}
-    return {**rest, SELF_CHECKSUM: crc32c.crc32c(_canonical(rest))}
+    return {**rest, SELF_CHECKSUM: crc32c(_canonical(rest))}
 
 
 def read_checkpoint(path: Path) -> CompletedCheckpoint:
@@ -110,7 +109,7 @@ def read_checkpoint(path: Path) -> CompletedCheckpoint:
         raise CheckpointDamagedError(str(meta), "not a JSON object")
     if SELF_CHECKSUM in metadata:
         rest = {k: v for k, v in metadata.items() if k != SELF_CHECKSUM}
-        if crc32c.crc32c(_canonical(rest)) != metadata[SELF_CHECKSUM]:
+        if crc32c(_canonical(rest)) != metadata[SELF_CHECKSUM]:
             raise CheckpointDamagedError(str(meta), "checksum mismatch (the metadata changed)")
     elif metadata.get("format") == FORMAT_VERSION:
         raise CheckpointDamagedError(str(meta), f"no {SELF_CHECKSUM}")

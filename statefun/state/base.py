@@ -45,7 +45,10 @@ class StateSnapshot(abc.ABC):
         """Write the snapshot under ``directory`` (blocking; run it in a worker thread).
 
         Returns the manifest that ``StateBackend.restore`` takes back: plain data (str, int,
-        bool, lists, str-keyed dicts), with ``backend`` naming the format.
+        bool, lists, str-keyed dicts), with ``backend`` naming the format and ``checksums``
+        listing every file under ``directory`` (linked ones included) as ``name -> [size,
+        crc32c]``, computed while writing (``statefun._checksums``); the checkpoint moves
+        them into its metadata.
         """
 
     @abc.abstractmethod
