@@ -437,17 +437,17 @@ async def child_recover(spec: dict[str, Any]) -> dict[str, Any]:
 
     job.state.restore = timed_restore  # type: ignore[method-assign]
     # The check for state of lost function types, part of recovery: timed on its own.
-    from statefun.checkpoint import coordinator
+    from statefun.checkpoint import recovery
 
     check_s: list[float] = []
-    check = coordinator._check_function_types
+    check = recovery._check_function_types
 
     def timed_check(*args: Any, **kwargs: Any) -> None:
         began = clock()
         check(*args, **kwargs)
         check_s.append(clock() - began)
 
-    coordinator._check_function_types = timed_check
+    recovery._check_function_types = timed_check
     running = asyncio.get_running_loop().create_task(job.run())
     while sink.first_at is None:
         if running.done():

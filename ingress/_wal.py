@@ -7,8 +7,11 @@ the previous fsync ran shares the next one. Each record is framed as
 a torn record at the end of the last segment (a crash during a write) is cut off on open.
 
 The checkpoint keeps the sequence number of the last record handed to the runtime; after a
-restart every later record is replayed. Segments whose records are all covered by a complete
-checkpoint are deleted.
+restart every later record is replayed. Segments whose records are all covered by the oldest
+of the last ``retained`` complete checkpoints are deleted: a restart that falls back past a
+damaged newest checkpoint to an older retained one still finds every record after that one's
+cut (``trim`` is told each completed checkpoint's sequence number, in order; after a restart
+nothing is deleted until ``retained`` checkpoints have completed again).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +45,13 @@ def _segment_start(path: Path) -> int:
 class WriteAheadLog:
     """Append-only, fsynced in groups; blocking methods run in a worker thread."""
 
-    def __init__(self, directory: Path, segment_bytes: int = _SEGMENT_BYTES) -> None:
+    def __init__(
+        self, directory: Path, segment_bytes: int = _SEGMENT_BYTES, retained: int = 3
+    ) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
+        #: sequence numbers of the last ``retained`` completed checkpoints, oldest first
+        self._checkpointed: deque[int] = deque(maxlen=max(1, retained))
         self.last_seq = 0
         self._file: Any = None
         self._size = 0
@@ -106,7 +114,13 @@ class WriteAheadLog:
                     yield record
 
     def trim(self, up_to_seq: int) -> int:
-        """Delete segments holding only records <= ``up_to_seq``; how many were deleted."""
+        """A checkpoint covering the records <= ``up_to_seq`` completed: delete the segments
+        that hold only records the oldest of the last ``retained`` checkpoints covers; how
+        many were deleted."""
+        self._checkpointed.append(up_to_seq)
+        if len(self._checkpointed) < (self._checkpointed.maxlen or 1):
+            return 0
+        up_to_seq = self._checkpointed[0]
         segments = self.segments()
         deleted = 0
         for current, following in itertools.pairwise(segments):

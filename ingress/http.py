@@ -67,9 +67,10 @@ class HttpSource(Source):
         replies: dict[str, asyncio.Future[Any]] | None = None,
         wal_dir: Path | None = None,
         log_calls: bool = True,
+        wal_retained: int = 3,  # checkpoints_retained: the WAL keeps what the oldest needs
     ) -> None:
         super().__init__(ingress_id)
-        self.wal = WriteAheadLog(wal_dir) if wal_dir is not None else None
+        self.wal = WriteAheadLog(wal_dir, retained=wal_retained) if wal_dir is not None else None
         #: whether /call messages go through the WAL too. Not when replies are held until a
         #: checkpoint: the reply is then the acknowledgement, sent only once a checkpoint
         #: holds the message or its effects, and a call lost in a crash failed visibly.

@@ -7,7 +7,8 @@ The tree::
     │   ├── InvalidTypeNameError       a typename that is not ``namespace/name``
     │   ├── InvalidSpecError           a ValueSpec or state name that cannot be used
     │   ├── InvalidFunctionError       a function that cannot be registered
-    │   └── ModuleError                a module.yaml that cannot be loaded (file, document, field)
+    │   ├── ModuleError                a module.yaml that cannot be loaded (file, document, field)
+    │   └── CheckpointDamagedError     a checkpoint file missing, changed or not decodable
     ├── ProtocolError                  bytes that break the request-reply protocol (also ValueError)
     │   ├── MalformedRequestError      a ToFunction that cannot be decoded or is incomplete
     │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
@@ -25,6 +26,7 @@ Apache StateFun's SDK would catch (ValueError, TypeError, LookupError), so such 
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointDamagedError",
     "ConfigurationError",
     "FunctionInvocationError",
     "InvalidFunctionError",
@@ -65,6 +67,18 @@ class InvalidFunctionError(ConfigurationError):
 
 class ModuleError(ConfigurationError):
     """A module definition (module.yaml) is invalid; the message names file, document and field."""
+
+
+class CheckpointDamagedError(ConfigurationError):
+    """A checkpoint or savepoint cannot be restored as written: a file is missing, truncated,
+    changed (its checksum does not match) or does not decode. ``path`` names the file (or the
+    folder), ``reason`` says what is wrong. Restoring the latest checkpoint then falls back to
+    an older one; a savepoint asked for by name is not replaced by anything else."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
 
 
 class ProtocolError(StatefunError, ValueError):

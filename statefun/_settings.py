@@ -92,7 +92,12 @@ class Settings:
         default=1_000, metadata=_doc("time between the start of two checkpoints")
     )
     checkpoints_retained: int = field(
-        default=3, metadata=_doc("complete checkpoints kept; older ones are deleted")
+        default=3,
+        metadata=_doc(
+            "complete checkpoints kept; older ones are deleted. A damaged newest checkpoint "
+            "is skipped on restore for the next older one, so keep at least 2 (the HTTP "
+            "ingress's WAL keeps what the oldest needs)"
+        ),
     )
     savepoint_dir: str = field(
         default="",

@@ -30,7 +30,8 @@ from typing import Any
 from statefun._exceptions import FunctionInvocationError, JobFailedError, ModuleError
 from statefun._keygroups import key_group_for, subtask_for_key_group
 from statefun._settings import Settings
-from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash, restore
+from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash
+from statefun.checkpoint.recovery import restore, restore_latest
 from statefun.checkpoint.storage import CheckpointStorage, read_checkpoint
 from statefun.egress.base import Sink
 from statefun.ingress.base import Source
@@ -456,11 +457,10 @@ class Job:
             self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
         )
         self._hold_replies = settings.reply_release == "on-checkpoint"
-        start = read_checkpoint(self.restore_from) if self.restore_from else storage.latest()
-        if start is not None:
-            restore(self, start, self.allow_dropping_state)
-        else:
-            log.info("no checkpoint in %s: starting empty", storage.root)
+        if self.restore_from:
+            restore(self, read_checkpoint(self.restore_from), self.allow_dropping_state)
+        else:  # the newest intact checkpoint, skipping damaged ones
+            restore_latest(self, storage, self.allow_dropping_state)
 
     async def _start(self) -> None:
         # A checkpoint writer thread that gives the GIL back waits for it up to the switch

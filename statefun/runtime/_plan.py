@@ -186,6 +186,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     ingress.max_pending,
                     replies=job.replies,
                     wal_dir=_wal_dir(settings, ingress.id),
+                    wal_retained=settings.checkpoints_retained,
                     log_calls=settings.reply_release != "on-checkpoint",
                 )
             )
