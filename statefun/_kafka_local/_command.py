@@ -187,7 +187,7 @@ def _port_taken(port: int) -> str | None:
     return reason + " (a Kafka broker runs there already: use it, or pick another --port)"
 
 
-def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
@@ -203,7 +203,9 @@ def _start(args: argparse.Namespace) -> int:
             f"fetching Kafka {kafka_local.kafka_version()} from Maven Central "
             "(about 45 MB, first run only)..."
         )
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # Ctrl-C, and SIGTERM, stop the broker cleanly (also where SIGINT came in ignored: a
+    # shell starts background jobs so).
+    previous = {s: signal.signal(s, _stop_on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     broker = kafka_local.KafkaBroker(
         port=args.port,
         controller_port=args.controller_port,
@@ -238,7 +240,8 @@ def _start(args: argparse.Namespace) -> int:
         return 1
     finally:
         broker.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _first_error(broker: kafka_local.KafkaBroker) -> str:
