@@ -2,17 +2,21 @@
 
     statefun kafka start [--port 9092] [--topic NAME[:PARTITIONS]]... [--data-dir DIR]
     statefun kafka status [--port 9092]
+    statefun kafka stop [--port 9092]
     statefun kafka fetch
 
 ``start`` prints ``Kafka broker ready at 127.0.0.1:PORT`` once the broker answers and the
 topics asked for exist, and runs until Ctrl-C (or SIGTERM), which stops the broker cleanly.
-Without ``--data-dir`` its data lives in a temporary directory removed on stop.
+Without ``--data-dir`` its data lives in a temporary directory removed on stop. ``stop``
+sends SIGTERM to the ``start`` that serves a port (found by the pid file it keeps in the
+cache directory while it runs) and waits until it is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import signal
 import socket
@@ -96,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--heap", default="512m", metavar="SIZE", help="the broker JVM's -Xmx")
     status = actions.add_parser("status", help="tell whether a broker answers on 127.0.0.1:PORT")
     status.add_argument("--port", type=_port, default=DEFAULT_PORT, help="the broker's port")
+    stop = actions.add_parser(
+        "stop", help="stop the broker that `statefun kafka start` runs on 127.0.0.1:PORT"
+    )
+    stop.add_argument("--port", type=_port, default=DEFAULT_PORT, help="the broker's port")
     actions.add_parser("fetch", help="fetch Kafka's jars from Maven Central now (done once)")
 
 
@@ -108,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
             return _status(args.port)
         if args.action == "fetch":
             return _fetch()
+        if args.action == "stop":
+            return _stop(args.port)
         return _start(args)
     except kafka_local.KafkaBrokerError as exc:
         _fail(str(exc))
@@ -169,6 +179,51 @@ def _status(port: int) -> int:
     return 0
 
 
+_STOP_TIMEOUT = 60.0
+
+
+def _pid_file(port: int) -> Path:
+    """Where a running ``statefun kafka start`` on ``port`` keeps its process id."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "pystatefun" / "kafka-run" / f"{port}.pid"
+
+
+def _alive_start(pid: int) -> bool:
+    """Whether ``pid`` is a running ``statefun kafka start`` (not a process that reused it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: not one this user started
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc here: the live pid has to do
+    return b"kafka" in command and b"start" in command
+
+
+def _stop(port: int) -> int:
+    path = _pid_file(port)
+    try:
+        pid = int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        pid = 0
+    if not pid or not _alive_start(pid):
+        path.unlink(missing_ok=True)
+        _say(f"no broker of `statefun kafka start` on {HOST}:{port}")
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_TIMEOUT
+    while _alive_start(pid):
+        if time.monotonic() > deadline:
+            _fail(f"process {pid} did not stop within {_STOP_TIMEOUT:.0f} s")
+            return 1
+        time.sleep(0.2)
+    _say(f"Kafka broker on {HOST}:{port} stopped")
+    return 0
+
+
 def _port_taken(port: int) -> str | None:
     """Why the broker cannot listen on ``port`` (None if it can)."""
     if port == 0:
@@ -213,6 +268,7 @@ def _start(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         startup_timeout=120.0,
     )
+    pid_port = 0
     try:
         try:
             broker.start()
@@ -224,6 +280,7 @@ def _start(args: argparse.Namespace) -> int:
         except Exception as exc:  # kafka-python's errors have no common base of ours
             _fail(f"cannot create the topics: {type(exc).__name__}: {exc}")
             return 1
+        pid_port = _write_pid_file(broker.port)
         _say(f"Kafka broker ready at {broker.bootstrap_servers}")
         for line in created:
             _say(line)
@@ -240,8 +297,33 @@ def _start(args: argparse.Namespace) -> int:
         return 1
     finally:
         broker.stop()
+        if pid_port:
+            _remove_pid_file(pid_port)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _write_pid_file(port: int) -> int:
+    """Record this process for `statefun kafka stop`; the port, or 0 if it cannot."""
+    path = _pid_file(port)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    except OSError as exc:
+        log.warning(
+            "cannot write %s (statefun kafka stop will not find this broker): %s", path, exc
+        )
+        return 0
+    return port
+
+
+def _remove_pid_file(port: int) -> None:
+    path = _pid_file(port)
+    try:
+        if int(path.read_text(encoding="utf-8").strip()) == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
 
 
 def _first_error(broker: kafka_local.KafkaBroker) -> str:

@@ -63,11 +63,14 @@ def test_without_java_and_maven_says_what_it_needs(tmp_path: Path) -> None:
     )
 
 
-def test_status_without_a_broker() -> None:
+def test_status_and_stop_without_a_broker() -> None:
     port = free_port()
     done = kafka("status", "--port", str(port))
     assert done.returncode == 1
     assert done.stdout.startswith(f"no Kafka broker at 127.0.0.1:{port} (")
+    done = kafka("stop", "--port", str(port))
+    assert done.returncode == 1
+    assert done.stdout == f"no broker of `statefun kafka start` on 127.0.0.1:{port}\n"
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
@@ -145,7 +148,17 @@ def test_start_creates_topics_keeps_data_and_stops_cleanly(tmp_path: Path) -> No
         values = [record.value for record in consumer]
         consumer.close()
         assert values == [b"kept"]
-    finally:
-        out = _stop(process, signal.SIGTERM)
-    assert out.strip() == "Kafka broker stopped"
+    except BaseException:
+        process.kill()
+        raise
+    stopped = kafka("stop", "--port", str(port))
+    assert (stopped.returncode, stopped.stdout) == (
+        0,
+        f"Kafka broker on 127.0.0.1:{port} stopped\n",
+    )
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and out.strip() == "Kafka broker stopped"
     assert (data / "logs" / "meta.properties").is_file()
+    again = kafka("stop", "--port", str(port))
+    assert again.returncode == 1
+    assert again.stdout == f"no broker of `statefun kafka start` on 127.0.0.1:{port}\n"
