@@ -1,6 +1,6 @@
 """Kafka end to end: Kafka -> counter function -> Kafka, records per second and latency.
 
-A real Kafka 4.x broker (``statefun._testing.kafka_broker.KafkaBroker``, one node, 127.0.0.1)
+A real Kafka 4.x broker (``statefun._kafka_local.broker.KafkaBroker``, one node, 127.0.0.1)
 is started for the run, or an existing one is used (``--bootstrap``). Each scenario runs its
 processor as its own process:
 
@@ -66,7 +66,7 @@ from bench._common import (  # noqa: E402
     progress,
     smoke_banner,
 )
-from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)

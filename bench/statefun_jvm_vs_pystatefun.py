@@ -91,7 +91,7 @@ from bench._jvm_processes import (  # noqa: E402
     start_statefun_jvm,
     wait_checkpoints,
 )
-from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 TEMPLATE = PEER_DIR / "bench-counter-module.yaml"
 FUNCTION = "bench/_jvm_counter.py:functions"

@@ -79,7 +79,9 @@ def import_kafka() -> Any:
     global _QUIETED
     if not _QUIETED:
         _QUIETED = True
-        logging.getLogger("kafka.cluster").addFilter(_drop_cancelled_refresh)
+        cluster = logging.getLogger("kafka.cluster")
+        cluster.addFilter(_drop_cancelled_refresh)
+        cluster.addFilter(_NewTopicFilter())
         library = logging.getLogger("kafka")
         if library.level == logging.NOTSET:  # its INFO lines (every connection) drown ours
             library.setLevel(logging.WARNING)
@@ -119,6 +121,30 @@ def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
         and bool(args)
         and type(args[0]).__name__ == "Cancelled"
     )
+
+
+class _NewTopicFilter(logging.Filter):
+    """kafka-python logs an ERROR the first time it asks for a topic the broker does not know
+    yet, also when the broker then creates it (``auto.create.topics.enable``): the first
+    write to a new topic is a normal event. The first such line per topic is logged at DEBUG
+    instead; a topic still missing at the next metadata refresh is an ERROR as before."""
+
+    _MESSAGE = "Topic %s not found in cluster metadata"
+    _LIMIT = 10_000  # topics remembered; past that, every line passes
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self._MESSAGE or not isinstance(record.args, tuple) or not record.args:
+            return True
+        topic = str(record.args[0])
+        if topic in self._seen or len(self._seen) >= self._LIMIT:
+            return True
+        self._seen.add(topic)
+        log.debug("topic %s is not in the cluster's metadata yet (the broker may create it)", topic)
+        return False
 
 
 _JAAS_USER = re.compile(r'username\s*=\s*"([^"]*)"')

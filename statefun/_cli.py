@@ -14,6 +14,7 @@ import argparse
 import logging
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,41 @@ log = logging.getLogger("statefun.cli")
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 LOG_DATE_FORMAT = "%H:%M:%S"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default, unless its help says it already or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or default == []
+            or not (action.option_strings or action.nargs in ("?", "*"))
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help (and its subcommands' help) shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pystatefun")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 class UsageError(Exception):
@@ -162,6 +198,63 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- statefun new, settings, kafka ---------------------------------------------------------
+
+
+def _new_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun import _scaffold
+
+    _scaffold.add_arguments(parser)
+
+
+def _new(args: argparse.Namespace) -> int:
+    from statefun import _scaffold
+
+    try:
+        _scaffold.create(args.directory, args.name)
+    except _scaffold.ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    _say(_scaffold.next_steps(args.directory, args.name))
+    return 0
+
+
+def _settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "names", metavar="NAME", nargs="*", help="only these settings (default: all)"
+    )
+
+
+def _settings(args: argparse.Namespace) -> int:
+    from statefun._settings import Settings
+
+    described = Settings.describe()
+    known = {name for name, _doc, _default in described}
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        raise UsageError(
+            f"no setting {', '.join(map(repr, unknown))}; `statefun settings` lists them"
+        )
+    for name, doc, default in described:
+        if args.names and name not in args.names:
+            continue
+        shown = "(none)" if default in ("", None) else str(default)
+        _say(f"{name} = {shown}")
+        _say(textwrap.fill(doc, width=92, initial_indent="    ", subsequent_indent="    "))
+    return 0
+
+
+def _kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun._kafka_local import _command
+
+    _command.add_arguments(parser)
+
+
+def _kafka(args: argparse.Namespace) -> int:
+    from statefun._kafka_local import _command
+
+    return _command.run(args)
+
+
 # -- the registry and main -----------------------------------------------------------------
 
 
@@ -217,13 +310,31 @@ COMMANDS: list[Command] = [
         "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
     ),
     Command("checkpoint", _verify.HELP, _verify.add_arguments, _verify.run),
+    Command(
+        "new",
+        "create a project to start from: a function, its module.yaml, a test, a README",
+        _new_arguments,
+        _new,
+    ),
+    Command(
+        "settings",
+        "list the runtime settings (statefun run --set NAME=VALUE) with defaults",
+        _settings_arguments,
+        _settings,
+    ),
+    Command(
+        "kafka",
+        "a local Kafka broker for development (Java 17+ and Maven needed)",
+        _kafka_arguments,
+        _kafka,
+    ),
 ]
 
 
 def _build_parser() -> argparse.ArgumentParser:
     # --log-level works before and after the subcommand; SUPPRESS keeps the subcommand's
     # parser from overwriting a value given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--log-level",
         type=str.lower,
@@ -231,11 +342,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="log level (default: info)",
     )
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="statefun",
         description="Stateful functions in Python, compatible with Apache Flink StateFun.",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"statefun {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         sub = subparsers.add_parser(

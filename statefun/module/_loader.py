@@ -474,26 +474,38 @@ def _kafka_ingress(spec: _Fields) -> KafkaIngressSpec:
 _SEMANTICS = ("at-least-once", "exactly-once", "none")
 
 
+def _delivery_semantic(
+    spec: _Fields, semantics: tuple[str, ...], default: str, *, needs_timeout: bool
+) -> tuple[str, timedelta | None]:
+    """``deliverySemantic`` as a string (``exactly-once``) or as StateFun's mapping
+    (``{type: exactly-once, transactionTimeout: 15min}``): the semantic and the transaction
+    timeout, if one was given (with ``needs_timeout``, exactly-once in a mapping needs one)."""
+    expected = "one of " + ", ".join(semantics)
+    if not isinstance(spec.data.get("deliverySemantic"), dict):
+        semantic = spec.string("deliverySemantic", f"{expected} or a mapping with type", default)
+        if semantic not in semantics:
+            raise spec.fail("deliverySemantic", f"expected {expected}; got {semantic!r}")
+        return semantic, None
+    delivery = spec.mapping("deliverySemantic")
+    semantic = delivery.string("type", expected)
+    if semantic not in semantics:
+        raise delivery.fail("type", f"expected {expected}; got {semantic!r}")
+    timeout = None
+    # The old millisecond field wins, as in StateFun.
+    key = "transactionTimeoutMillis" if delivery.has("transactionTimeoutMillis") else None
+    key = key or ("transactionTimeout" if delivery.has("transactionTimeout") else None)
+    if semantic == "exactly-once" and (key or needs_timeout):
+        timeout = delivery.duration(key or "transactionTimeout")
+    delivery.seen.update(("transactionTimeout", "transactionTimeoutMillis"))
+    delivery.done()
+    return semantic, timeout
+
+
 def _kafka_egress(spec: _Fields) -> KafkaEgressSpec:
     egress_id = spec.typename("id")
     address = spec.string("address", "the Kafka bootstrap servers such as 'kafka:9092'")
-    semantic, timeout = "at-least-once", timedelta(minutes=15)
-    delivery = spec.mapping("deliverySemantic", None)
-    if delivery is not None:
-        semantic = delivery.string("type", "one of " + ", ".join(_SEMANTICS))
-        if semantic not in _SEMANTICS:
-            raise delivery.fail(
-                "type", f"expected one of {', '.join(_SEMANTICS)}; got {semantic!r}"
-            )
-        if semantic == "exactly-once":  # the old millisecond field wins, as in StateFun
-            key = (
-                "transactionTimeoutMillis"
-                if delivery.has("transactionTimeoutMillis")
-                else "transactionTimeout"
-            )
-            timeout = delivery.duration(key)
-        delivery.seen.update(("transactionTimeout", "transactionTimeoutMillis"))
-        delivery.done()
+    semantic, timeout = _delivery_semantic(spec, _SEMANTICS, "at-least-once", needs_timeout=True)
+    timeout = timeout or timedelta(minutes=15)
     return KafkaEgressSpec(
         id=egress_id,
         address=address,
@@ -534,10 +546,9 @@ _FILE_SEMANTICS = ("exactly-once", "at-least-once")
 def _file_egress(spec: _Fields) -> FileEgressSpec:
     egress_id = spec.typename("id")
     path = _path(spec)
-    expected = "one of " + ", ".join(_FILE_SEMANTICS)
-    semantic = spec.string("deliverySemantic", expected, "exactly-once")
-    if semantic not in _FILE_SEMANTICS:
-        raise spec.fail("deliverySemantic", f"expected {expected}; got {semantic!r}")
+    # A transaction timeout is accepted (as the Kafka egress's form) and has no use here: a
+    # file egress's transaction ends with its checkpoint.
+    semantic, _ = _delivery_semantic(spec, _FILE_SEMANTICS, "exactly-once", needs_timeout=False)
     return FileEgressSpec(
         id=egress_id, path=path, exactly_once=semantic == "exactly-once", source=spec.doc.source
     )

@@ -41,27 +41,33 @@ def _settings_overrides(pairs: list[str]) -> dict[str, str]:
     return overrides
 
 
-def _module_arguments(parser: argparse.ArgumentParser) -> None:
+def _module_arguments(parser: argparse.ArgumentParser, what: str = "to run") -> None:
     parser.add_argument(
         "modules",
         metavar="MODULE_YAML",
         nargs="*",
         default=["module.yaml"],
-        help="module.yaml file(s) to run (default: ./module.yaml)",
+        help=f"the module.yaml file(s) {what}, read together as one module "
+        "(default: ./module.yaml)",
     )
-    parser.add_argument("--parallelism", type=int, default=None, help="dispatcher subtasks")
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        help="dispatcher subtasks (default: the setting parallelism, 2)",
+    )
     parser.add_argument(
         "--set",
         dest="settings",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a runtime setting (see docs/settings.md); repeatable",
+        help="a runtime setting; `statefun settings` lists them all; repeatable",
     )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    _module_arguments(parser)
+    _module_arguments(parser, "to run")
     parser.add_argument(
         "--from-savepoint",
         metavar="PATH",
@@ -76,8 +82,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    _module_arguments(parser)
-    parser.add_argument("--format", choices=("text", "dot"), default="text")
+    _module_arguments(parser, "to plan")
+    parser.add_argument(
+        "--format",
+        choices=("text", "dot"),
+        default="text",
+        help="text to read, or Graphviz DOT to draw (statefun plan --format dot | dot -Tsvg)",
+    )
 
 
 def _load(args: argparse.Namespace) -> tuple[object, object]:
@@ -93,9 +104,11 @@ def _load(args: argparse.Namespace) -> tuple[object, object]:
 
 
 def plan(args: argparse.Namespace) -> int:
+    from statefun.runtime._functions import FunctionRegistry
     from statefun.runtime._plan import make_plan
 
     module, settings = _load(args)
+    FunctionRegistry(module)  # type: ignore[arg-type]  # embedded code is found, as by run
     job_plan = make_plan(module, settings)  # type: ignore[arg-type]
     text = job_plan.to_dot() if args.format == "dot" else job_plan.to_text()
     sys.stdout.write(text + "\n")
@@ -199,10 +212,20 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         default="http://127.0.0.1:8091",
         help="the job's admin server (setting admin_port; default: %(default)s)",
     )
-    listing = actions.add_parser("list", help="list savepoints and checkpoints in a folder")
-    listing.add_argument("directory", metavar="DIR", help="a savepoint or checkpoint folder")
+    listing = actions.add_parser(
+        "list", help="list the savepoints and checkpoints in a folder and its subfolders"
+    )
+    listing.add_argument(
+        "directory",
+        metavar="DIR",
+        help="a folder holding savepoints or checkpoints, e.g. .statefun or a checkpoint_dir",
+    )
     inspect = actions.add_parser("inspect", help="describe one savepoint or checkpoint")
-    inspect.add_argument("path", metavar="PATH")
+    inspect.add_argument(
+        "path",
+        metavar="PATH",
+        help="a savepoint or checkpoint folder (one with a _metadata file), as `list` prints",
+    )
 
 
 def savepoint(args: argparse.Namespace) -> int:
@@ -226,18 +249,35 @@ def savepoint(args: argparse.Namespace) -> int:
         root = Path(args.directory)
         if not root.is_dir():
             raise ConfigurationError(f"{root} is not a directory")
-        for folder in sorted(root.iterdir()):
-            if (folder / METADATA).is_file():
-                meta = read_checkpoint(folder).metadata
-                kind = "savepoint " if meta.get("savepoint") else "checkpoint"
-                created = time.strftime(
-                    "%Y-%m-%d %H:%M:%S", time.localtime(meta["created_ms"] / 1000)
-                )
-                sys.stdout.write(f"{kind} {meta['id']:>6}  {created}  {folder}\n")
+        found = _checkpoint_folders(root, METADATA)
+        if not found:
+            sys.stdout.write(f"no savepoints or checkpoints in {root} or its subfolders\n")
+        for folder in found:
+            meta = read_checkpoint(folder).metadata
+            kind = "savepoint " if meta.get("savepoint") else "checkpoint"
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta["created_ms"] / 1000))
+            sys.stdout.write(f"{kind} {meta['id']:>6}  {created}  {folder}\n")
         return 0
     checkpoint = read_checkpoint(Path(args.path))
     sys.stdout.write(json.dumps(_describe(checkpoint), indent=2) + "\n")
     return 0
+
+
+def _checkpoint_folders(root: Path, metadata: str, depth: int = 4) -> list[Path]:
+    """The complete checkpoint and savepoint folders in ``root`` or below it (up to ``depth``
+    levels; a checkpoint's own subfolders are not searched), sorted by path."""
+    if (root / metadata).is_file():
+        return [root]
+    if depth == 0:
+        return []
+    found: list[Path] = []
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    for child in children:
+        found.extend(_checkpoint_folders(child, metadata, depth - 1))
+    return found
 
 
 def _describe(checkpoint: Any) -> dict[str, Any]:

@@ -42,7 +42,7 @@ __all__ = ["Plan", "build_job", "make_plan"]
 @dataclass
 class Node:
     id: str
-    label: str
+    label: str  # lines joined with "\n": one line each in text, a multi-line box in DOT
     kind: str  # source | operator | dispatcher | sink
 
 
@@ -56,7 +56,7 @@ class Plan:
         """One line: the stages and their sizes."""
         count = {kind: sum(1 for n in self.nodes if n.kind == kind) for kind in ("source", "sink")}
         dispatchers = sum(1 for n in self.nodes if n.kind == "dispatcher")
-        keyby = next(n.label for n in self.nodes if n.id == "keyby").replace("\\n", ", ")
+        keyby = next(n.label for n in self.nodes if n.id == "keyby").replace("\n", ", ")
         return (
             f"{count['source']} ingress(es) -> router -> {keyby} -> {dispatchers} dispatcher "
             f"subtask(s) (+ feedback, timers) -> {count['sink']} egress(es)"
@@ -64,7 +64,9 @@ class Plan:
 
     def to_text(self) -> str:
         lines = ["job plan", "  nodes:"]
-        lines += [f"    {n.id:<16} {n.kind:<11} {n.label}" for n in self.nodes]
+        lines += [
+            f"    {n.id:<16} {n.kind:<11} {n.label.replace(chr(10), ', ')}" for n in self.nodes
+        ]
         lines.append("  edges:")
         lines += [
             f"    {a} -> {b}" + (f"  [{label}]" if label else "") for a, b, label in self.edges
@@ -88,12 +90,12 @@ class Plan:
 
 def _ingress_label(spec: object) -> str:
     if isinstance(spec, HttpIngressSpec):
-        return f"http ingress {spec.id}\\n{spec.host}:{spec.port}"
+        return f"http ingress {spec.id}\n{spec.host}:{spec.port}"
     if isinstance(spec, FileIngressSpec):
-        return f"file ingress {spec.id}\\n{spec.path}"
+        return f"file ingress {spec.id}\n{spec.path}"
     if isinstance(spec, KafkaIngressSpec):
         topics = ", ".join(t.topic for t in spec.topics)
-        return f"kafka ingress {spec.id}\\n{topics}"
+        return f"kafka ingress {spec.id}\n{topics}"
     return str(spec)
 
 
@@ -101,9 +103,9 @@ def _egress_label(spec: object) -> str:
     if isinstance(spec, StdoutEgressSpec):
         return f"stdout egress {spec.id}"
     if isinstance(spec, FileEgressSpec):
-        return f"file egress {spec.id}\\n{spec.path}"
+        return f"file egress {spec.id}\n{spec.path}"
     if isinstance(spec, KafkaEgressSpec):
-        return f"kafka egress {spec.id}\\n{spec.delivery_semantic}"
+        return f"kafka egress {spec.id}\n{spec.delivery_semantic}"
     return str(spec)
 
 
@@ -112,9 +114,9 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
     for i, ingress in enumerate(module.ingresses):
         plan.nodes.append(Node(f"source{i}", _ingress_label(ingress), "source"))
         plan.edges.append((f"source{i}", "router", ""))
-    plan.nodes.append(Node("router", "router\\nrecord -> envelope", "operator"))
+    plan.nodes.append(Node("router", "router\nrecord -> envelope", "operator"))
     plan.nodes.append(
-        Node("keyby", f"keyBy(address)\\n{settings.max_parallelism} key groups", "operator")
+        Node("keyby", f"keyBy(address)\n{settings.max_parallelism} key groups", "operator")
     )
     plan.edges.append(("router", "keyby", ""))
     p, max_p = settings.parallelism, settings.max_parallelism
@@ -124,7 +126,7 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
         plan.nodes.append(
             Node(
                 node,
-                f"dispatcher {i}/{p}\\nkey groups {groups.start}..{groups.stop - 1}",
+                f"dispatcher {i}/{p}\nkey groups {groups.start}..{groups.stop - 1}",
                 "dispatcher",
             )
         )
@@ -133,7 +135,7 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
         plan.edges.append((node, "timers", ""))
         for j in range(len(module.egresses)):
             plan.edges.append((node, f"sink{j}", ""))
-    plan.nodes.append(Node("timers", "timer service\\ndelayed messages", "operator"))
+    plan.nodes.append(Node("timers", "timer service\ndelayed messages", "operator"))
     plan.edges.append(("timers", "keyby", "feedback"))
     for j, egress in enumerate(module.egresses):
         plan.nodes.append(Node(f"sink{j}", _egress_label(egress), "sink"))
