@@ -1,0 +1,617 @@
+"""Idempotency keys of the HTTP ingress: a repeated request is answered, not processed again.
+
+A request may carry an ``Idempotency-Key`` header (1-255 printable ASCII characters). Keys are
+scoped to one ingress: the key names one request, identified by its *fingerprint* (a hash of
+the route - ``messages`` or ``call`` -, the target address, the value's typename and bytes).
+
+* A key seen for the first time: the request is processed and its outcome recorded - for
+  ``/messages`` the 202, for ``/call`` the function's reply.
+* A key seen before with the same fingerprint: the recorded outcome is answered again (with
+  ``Idempotent-Replayed: true``); while the first request is still in progress, the repeat
+  waits for its outcome (up to the reply timeout), so both callers get the same reply and the
+  function runs once.
+* A key seen before with another fingerprint: 422, nothing is processed.
+* A request that was refused before its message entered the runtime (503 too busy, the job
+  stopping) leaves no key behind: its retry is processed.
+
+``KeyStore`` keeps keys in memory, oldest first, for ``retention_ms`` and at most ``max_keys``
+of them (and ``max_reply_bytes`` of recorded replies); past the bounds the oldest go.
+
+Durability (with checkpoints, ``IdempotentRequests`` with a directory): a key is recorded as
+part of the cut that covers its message, so that after a crash a key is known exactly when the
+restored job holds its message or its effects:
+
+* ``/messages`` (and ``/call`` with ``reply_release=immediate``) go through the write-ahead
+  log; the WAL record carries the key, so a key is durable with its 202. On start every key in
+  the WAL is read again.
+* At each cut the keys completed since the previous one, the calls whose message is inside
+  the runtime (with their request id) and the replies held for the cut (``reply_release=
+  on-checkpoint``) go into the ingress's checkpointed position. After a restore a call that
+  was in flight is in progress again: the restored message is processed and its reply is
+  recorded for the key (a retry waits for it); a held reply is the key's recorded reply.
+* When a checkpoint completes, the keys it covers are appended to the key log
+  (``keys-<n>.log`` next to the WAL segments, CRC-framed msgpack records tagged with the
+  cut's number) before WAL segments are trimmed; files whose keys all expired or fell out of
+  the bound are deleted. A restore from an older checkpoint drops the keys of later cuts.
+
+Without checkpoints keys live in memory only and are lost with the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from statefun._files import fsync_dir, write_atomically
+from statefun._http.server import Reply, plain
+from statefun.ingress._wal import frame, read_frames
+from statefun.sdk._types import TypedValue
+
+__all__ = [
+    "ACCEPTED",
+    "HEADER",
+    "Entry",
+    "IdempotentRequests",
+    "KeyLog",
+    "KeyStore",
+    "check_key",
+    "fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+HEADER = "Idempotency-Key"
+HEADER_KEY = HEADER.lower()  # as Request.headers has it
+REPLAYED = (("Idempotent-Replayed", "true"),)
+MAX_KEY_LENGTH = 255
+#: the recorded outcome of a /messages request (a /call's is (typename, has_value, bytes))
+ACCEPTED = 1
+
+Result = Any  # ACCEPTED, or (typename, has_value, value bytes) of a reply
+
+
+def check_key(key: str) -> str | None:
+    """What is wrong with an ``Idempotency-Key`` value, or None."""
+    if not key:
+        return "the key is empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"the key has {len(key)} characters, more than {MAX_KEY_LENGTH}"
+    if not all(" " <= c <= "~" for c in key):
+        return "the key must be printable ASCII"
+    return None
+
+
+def fingerprint(route: str, typename: str, id_: str, value: Any) -> bytes:
+    """What identifies a request beyond its key (16 bytes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (route, typename, id_, str(value.typename)):
+        encoded = part.encode("utf-8")
+        digest.update(len(encoded).to_bytes(4, "little") + encoded)
+    digest.update(b"\x01" + bytes(value.value) if value.has_value else b"\x00")
+    return digest.digest()
+
+
+class Entry:
+    """One key: its request's fingerprint and, once known, its outcome."""
+
+    __slots__ = (
+        "_waiters",
+        "accepted_ms",
+        "emitted",
+        "fingerprint",
+        "key",
+        "orphan",
+        "request_id",
+        "result",
+        "route",
+        "tag",
+    )
+
+    def __init__(self, key: str, fingerprint: bytes, route: str, accepted_ms: int) -> None:
+        self.key = key
+        self.fingerprint = fingerprint
+        self.route = route
+        self.accepted_ms = accepted_ms
+        self.result: Result = None  # None while in progress
+        self.request_id: str | None = None  # of a call
+        self.emitted = False  # its message entered the runtime
+        self.orphan = False  # a call restored in progress: no caller of this process waits
+        self.tag = 0  # the cut that covers it
+        self._waiters: asyncio.Future[Result] | None = None
+
+
+def _reply_size(result: Result) -> int:
+    return len(result[2]) if isinstance(result, tuple) else 0
+
+
+class KeyStore:
+    """Keys in memory, oldest first: kept ``retention_ms``, at most ``max_keys`` of them and
+    ``max_reply_bytes`` of recorded replies (the oldest go first)."""
+
+    def __init__(
+        self,
+        retention_ms: int,
+        max_keys: int,
+        max_reply_bytes: int,
+        on_evict: Callable[[Entry], None] | None = None,
+    ) -> None:
+        self.retention_ms = retention_ms
+        self.max_keys = max_keys
+        self.max_reply_bytes = max_reply_bytes
+        self.reply_bytes = 0
+        self.evicted = 0
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        self._on_evict = on_evict
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str, now_ms: int) -> Entry | None:
+        self.expire(now_ms)
+        return self._entries.get(key)
+
+    def peek(self, key: str) -> Entry | None:
+        """The entry of ``key`` without expiring anything."""
+        return self._entries.get(key)
+
+    def begin(self, key: str, fingerprint: bytes, route: str, now_ms: int) -> Entry:
+        """A new entry in progress (replacing one of the same key)."""
+        return self.put(Entry(key, fingerprint, route, now_ms))
+
+    def put(self, entry: Entry) -> Entry:
+        old = self._entries.pop(entry.key, None)
+        if old is not None:
+            self.reply_bytes -= _reply_size(old.result)
+        self._entries[entry.key] = entry
+        self.reply_bytes += _reply_size(entry.result)
+        self._bound()
+        return entry
+
+    def complete(self, entry: Entry, result: Result) -> None:
+        """The outcome of ``entry``'s request: recorded, and its waiters hear it."""
+        entry.result = result
+        if self._entries.get(entry.key) is entry:
+            self.reply_bytes += _reply_size(result)
+            self._bound()
+        if entry._waiters is not None and not entry._waiters.done():
+            entry._waiters.set_result(result)
+
+    def abandon(self, entry: Entry) -> None:
+        """``entry``'s request was not processed: forget the key; waiters hear None."""
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        if entry._waiters is not None and not entry._waiters.done():
+            entry._waiters.set_result(None)
+
+    async def wait(self, entry: Entry) -> Result:
+        """The outcome of ``entry``'s request (None: it was not processed)."""
+        if entry.result is not None:
+            return entry.result
+        if entry._waiters is None:
+            entry._waiters = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(entry._waiters)
+
+    def expire(self, now_ms: int) -> None:
+        entries = self._entries
+        horizon = now_ms - self.retention_ms
+        while entries:
+            entry = next(iter(entries.values()))
+            if entry.accepted_ms > horizon:
+                return
+            self._drop_oldest()
+
+    def _bound(self) -> None:
+        while len(self._entries) > self.max_keys or (
+            self.reply_bytes > self.max_reply_bytes and self._entries
+        ):
+            self._drop_oldest()
+            self.evicted += 1
+
+    def _drop_oldest(self) -> None:
+        _, entry = self._entries.popitem(last=False)
+        self.reply_bytes -= _reply_size(entry.result)
+        if self._on_evict is not None:
+            self._on_evict(entry)
+
+    def entries(self) -> Iterable[Entry]:
+        return self._entries.values()
+
+
+class KeyLog:
+    """Completed keys on disk: ``keys-<n>.log`` files of framed records
+    ``[tag, key, fingerprint, route, accepted_ms, request_id, result]``, appended and fsynced
+    once per checkpoint; a file goes when its keys expired or fell out of the bound.
+    Blocking: called in a worker thread."""
+
+    def __init__(self, directory: Path, segment_bytes: int = 16 << 20) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self._file: Any = None
+        self._size = 0
+        #: per file, oldest first: [path, number of records, newest accepted_ms]
+        self._files: list[list[Any]] = []
+
+    def _paths(self) -> list[Path]:
+        return sorted(self.directory.glob("keys-*.log"), key=lambda p: int(p.stem[5:]))
+
+    def load(self, max_tag: int) -> list[list[Any]]:
+        """Open the log and return its records, oldest first, without those of cuts after
+        ``max_tag`` (a restore from an older checkpoint): those are deleted from the files."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.close()
+        self._files = []
+        kept_all: list[list[Any]] = []
+        for path in self._paths():
+            records = []
+            good = 0
+            for good, record in read_frames(path):  # noqa: B007 - the last offset is wanted
+                records.append(record)
+            kept = [r for r in records if r[0] <= max_tag]
+            if len(kept) < len(records) or good < path.stat().st_size:
+                if len(kept) < len(records):
+                    log.info(
+                        "%s: dropping %d key(s) of cuts after the restored one",
+                        path,
+                        len(records) - len(kept),
+                    )
+                else:
+                    log.warning("%s: cutting off a torn record at byte %d", path, good)
+                write_atomically(path, b"".join(frame(r) for r in kept))
+            newest = max((r[4] for r in kept), default=0)
+            self._files.append([path, len(kept), newest])
+            kept_all.extend(kept)
+        if self._files:
+            last = self._files[-1][0]
+            self._file = last.open("ab")
+            self._size = last.stat().st_size
+        else:
+            self._new_file()
+        return kept_all
+
+    def open(self) -> None:
+        self.load(max_tag=1 << 62)
+
+    def _new_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        number = int(self._files[-1][0].stem[5:]) + 1 if self._files else 1
+        path = self.directory / f"keys-{number:012d}.log"
+        self._file = path.open("ab")
+        self._size = 0
+        self._files.append([path, 0, 0])
+        fsync_dir(self.directory)
+
+    def append(self, records: Sequence[list[Any]]) -> None:
+        if not records:
+            return
+        if self._file is None:
+            self.open()
+        if self._size >= self.segment_bytes:
+            self._new_file()
+        data = b"".join(frame(record) for record in records)
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._size += len(data)
+        info = self._files[-1]
+        info[1] += len(records)
+        info[2] = max(info[2], max(r[4] for r in records))
+
+    def prune(self, now_ms: int, retention_ms: int, max_keys: int) -> int:
+        """Delete old files (never the one appended to) whose keys all expired, or that only
+        hold keys older than the newest ``max_keys``; how many were deleted."""
+        deleted = 0
+        while len(self._files) > 1:
+            path, _, newest = self._files[0]
+            newer = sum(info[1] for info in self._files[1:])
+            if newest + retention_ms > now_ms and newer < max_keys:
+                break
+            path.unlink(missing_ok=True)
+            self._files.pop(0)
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _result_of(value: Any) -> Result:
+    """The recorded form of a reply value (a TypedValue)."""
+    has_value = bool(value.has_value)
+    return (str(value.typename), has_value, bytes(value.value) if has_value else b"")
+
+
+def _result_from(raw: Any) -> Result:
+    if raw is None or raw == ACCEPTED:
+        return raw
+    typename, has_value, value = raw
+    return (str(typename), bool(has_value), bytes(value))
+
+
+def reply_value(result: Result) -> TypedValue:
+    """A recorded reply as the value the function sent."""
+    typename, has_value, value = result
+    return TypedValue(typename, value if has_value else None)
+
+
+class IdempotentRequests:
+    """The HTTP ingress's keys: answering repeats, and keeping keys across crashes."""
+
+    def __init__(
+        self,
+        ingress_id: str,
+        retention_s: float,
+        max_keys: int,
+        max_reply_bytes: int,
+        directory: Path | None,
+        replies: dict[str, asyncio.Future[Any]],
+        held_replies: Callable[[], Sequence[tuple[str, Any]]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ingress_id = ingress_id
+        self.retention_ms = int(retention_s * 1000)
+        self.store = KeyStore(self.retention_ms, max_keys, max_reply_bytes, self._evicted)
+        self.log = KeyLog(directory) if directory is not None else None
+        self.replies = replies
+        self._held_replies = held_replies
+        self._clock = clock
+        self._pending: list[Entry] = []  # completed since the last cut
+        self._sealed: list[Entry] = []  # completed before a cut; not in the key log yet
+        self._calls: dict[str, Entry] = {}  # request id -> call whose message is inside
+        self._cut = 0
+        self._restored: list[list[Any]] = []
+        self.replayed = 0  # repeats answered from a recorded outcome
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # -- answering ---------------------------------------------------------------------------
+
+    async def answer(
+        self,
+        key: str,
+        route: str,
+        typename: str,
+        id_: str,
+        value: Any,
+        run: Callable[[Entry], Awaitable[Reply]],
+        reply_of: Callable[[Any], Reply],
+        timeout_s: float,
+    ) -> Reply:
+        """The reply to a request carrying ``key``: ``run(entry)`` processes a new one."""
+        problem = check_key(key)
+        if problem is not None:
+            return plain(400, f"bad {HEADER} header: {problem}")
+        fp = fingerprint(route, typename, id_, value)
+        while True:
+            entry = self.store.get(key, self.now_ms())
+            if entry is None:
+                return await self._first(self.store.begin(key, fp, route, self.now_ms()), run)
+            if entry.fingerprint != fp:
+                return plain(
+                    422,
+                    f"{HEADER} {key!r} was used for another request (route, address or body "
+                    "differ); a new request needs a new key",
+                )
+            try:
+                result = await asyncio.wait_for(self.store.wait(entry), timeout_s)
+            except TimeoutError:
+                return plain(
+                    504, f"the request with {HEADER} {key!r} is still in progress; retry later"
+                )
+            if result is None:
+                continue  # the first attempt was not processed: this one may be
+            self.replayed += 1
+            if result == ACCEPTED:
+                return plain(202, "accepted", REPLAYED)
+            reply = reply_of(reply_value(result))
+            return reply._replace(headers=reply.headers + REPLAYED)
+
+    async def _first(self, entry: Entry, run: Callable[[Entry], Awaitable[Reply]]) -> Reply:
+        try:
+            reply = await run(entry)
+        except BaseException:
+            if not entry.emitted:
+                self.store.abandon(entry)
+            raise
+        if not entry.emitted:
+            self.store.abandon(entry)  # refused before its message entered the runtime
+        return reply
+
+    # -- the request's progress (called by the ingress) -------------------------------------
+
+    def wal_fields(self, entry: Entry) -> list[Any]:
+        """What a WAL record carries of the key."""
+        return [entry.key, entry.fingerprint, entry.accepted_ms]
+
+    def calling(self, entry: Entry, request_id: str, future: asyncio.Future[Any]) -> None:
+        """``entry`` is a call answered by ``future`` (kept until the reply, even if the
+        caller leaves)."""
+        entry.request_id = request_id
+        future.add_done_callback(lambda done: self._replied(entry, done))
+
+    def emitted(self, key: str, request_id: str | None) -> None:
+        """The message of the request with ``key`` entered the runtime (in the loop step it
+        did). A /messages request is done; a call is in flight until its reply."""
+        entry = self.store.peek(key)
+        if entry is None or entry.emitted:
+            return
+        entry.emitted = True
+        if request_id is None:
+            self._complete(entry, ACCEPTED)
+        else:
+            self._calls[request_id] = entry
+
+    def _replied(self, entry: Entry, future: asyncio.Future[Any]) -> None:
+        if entry.request_id is not None:
+            self._calls.pop(entry.request_id, None)
+        if future.cancelled():
+            return  # the job stops; a checkpoint holds the call
+        if future.exception() is not None:
+            self.store.abandon(entry)
+            return
+        self._complete(entry, _result_of(future.result()))
+
+    def _complete(self, entry: Entry, result: Result) -> None:
+        self.store.complete(entry, result)
+        if self.log is not None:
+            self._pending.append(entry)
+
+    def _evicted(self, entry: Entry) -> None:
+        if entry.result is None and entry.request_id is not None:
+            self._calls.pop(entry.request_id, None)
+            if entry.orphan:
+                future = self.replies.pop(entry.request_id, None)
+                if future is not None:
+                    future.cancel()
+
+    # -- durability --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """At a cut: the keys no complete checkpoint's log holds, and calls in flight."""
+        if self.log is None:
+            return None
+        self._cut += 1
+        for entry in self._pending:
+            entry.tag = self._cut
+        self._sealed.extend(self._pending)
+        self._pending = []
+        entries = [_encode(entry, entry.result) for entry in self._sealed]
+        if self._calls:
+            held = dict(self._held_replies()) if self._held_replies is not None else {}
+            for request_id, entry in self._calls.items():
+                reply = held.get(request_id)
+                entries.append(_encode(entry, None if reply is None else _result_of(reply)))
+        return {"cut": self._cut, "entries": entries}
+
+    def restore(self, state: Any) -> None:
+        """The state from ``snapshot`` of the cut restored (before ``load``)."""
+        if isinstance(state, dict):
+            self._cut = int(state.get("cut", 0))
+            self._restored = list(state.get("entries", ()))
+
+    def read_log(self) -> list[list[Any]]:
+        """The key log's records of the restored cut and before (blocking: a worker thread)."""
+        return [] if self.log is None else self.log.load(self._cut)
+
+    def load(
+        self, logged: Iterable[list[Any]], wal_records: Iterable[list[Any]], position: int
+    ) -> None:
+        """After a restart, before any request: the key log's records (``read_log``), the
+        restored cut's keys, and the keys of WAL records (those after ``position`` are
+        replayed)."""
+        if self.log is None:
+            return
+        now = self.now_ms()
+        for tag, key, fp, route, accepted_ms, request_id, result in logged:
+            entry = Entry(key, bytes(fp), route, int(accepted_ms))
+            entry.result, entry.request_id, entry.tag = _result_from(result), request_id, tag
+            entry.emitted = True
+            self.store.put(entry)
+        for raw in self._restored:
+            self._restore_entry(_decode(raw))
+        self._restored = []
+        for record in wal_records:
+            if len(record) < 8:
+                continue  # no key (or written before keys were kept)
+            key, fp, accepted_ms = record[7]
+            caller = record[3]
+            known = self.store.peek(key)
+            if known is not None and (known.result is not None or known.emitted):
+                continue
+            entry = Entry(key, bytes(fp), "messages" if caller is None else "call", accepted_ms)
+            if caller is None:
+                entry.emitted = True
+                self.store.put(entry)
+                self._complete(entry, ACCEPTED)
+            elif record[0] > position:  # a call replayed from the WAL
+                entry.request_id = caller[2]
+                self._restore_entry(entry)
+        self.store.expire(now)
+        log.info(
+            "ingress %s: %d idempotency key(s) restored, %d call(s) in progress",
+            self.ingress_id,
+            len(self.store),
+            len(self._calls),
+        )
+
+    def _restore_entry(self, entry: Entry) -> None:
+        entry.emitted = True
+        self.store.put(entry)
+        if entry.result is not None:
+            self._pending.append(entry)  # into the key log with the next checkpoint
+            return
+        # A call whose message the restored job holds: its reply is recorded for the key.
+        assert entry.request_id is not None
+        entry.orphan = True
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.replies[entry.request_id] = future
+        self._calls[entry.request_id] = entry
+        future.add_done_callback(lambda done: self._replied(entry, done))
+
+    def sealed_records(self) -> list[list[Any]]:
+        """The key-log records of the keys the completed checkpoint covers (on the loop)."""
+        records = [_record(entry) for entry in self._sealed]
+        self._sealed = []
+        return records
+
+    def write_log(self, records: list[list[Any]]) -> None:
+        """Append to the key log and drop old files (blocking: in a worker thread)."""
+        if self.log is None:
+            return
+        self.log.append(records)
+        self.log.prune(self.now_ms(), self.retention_ms, self.store.max_keys)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def _record(entry: Entry) -> list[Any]:
+    return [
+        entry.tag,
+        entry.key,
+        entry.fingerprint,
+        entry.route,
+        entry.accepted_ms,
+        entry.request_id,
+        list(entry.result) if isinstance(entry.result, tuple) else entry.result,
+    ]
+
+
+def _encode(entry: Entry, result: Result) -> list[Any]:
+    """An entry as JSON-able fields (checkpoint metadata is JSON)."""
+    encoded: Any = result
+    if isinstance(result, tuple):
+        typename, has_value, value = result
+        encoded = [typename, has_value, base64.b64encode(value).decode("ascii")]
+    return [
+        entry.key,
+        entry.fingerprint.hex(),
+        entry.route,
+        entry.accepted_ms,
+        entry.request_id,
+        encoded,
+    ]
+
+
+def _decode(fields: list[Any]) -> Entry:
+    key, fp, route, accepted_ms, request_id, result = fields
+    entry = Entry(key, bytes.fromhex(fp), route, int(accepted_ms))
+    entry.request_id = request_id
+    if isinstance(result, list):
+        typename, has_value, value = result
+        entry.result = (typename, bool(has_value), base64.b64decode(value))
+    else:
+        entry.result = result
+    return entry
