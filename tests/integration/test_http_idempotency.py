@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,12 @@ from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.file import FileSink
+from statefun.ingress._idempotency import fingerprint
+from statefun.ingress._wal import frame
 from statefun.ingress.http import HttpSource
 from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
 from statefun.runtime import Job
+from statefun.sdk._types import TypedValue
 from tests.integration.test_checkpoints import embedded, output
 
 pytestmark = pytest.mark.timeout(120)
@@ -375,5 +379,54 @@ async def test_statefun_send_with_an_idempotency_key(tmp_path: Path) -> None:
     assert outputs == ["1", "1"]
     async with session() as http:
         assert await post(http, f"{url}/call/test/counter/cli") == (200, "2", False)
+    job.stop()
+    await running
+
+
+async def test_wal_segments_without_keys_are_still_replayed(tmp_path: Path) -> None:
+    """Records written before keys were kept (seven fields) replay as before, next to keyed
+    ones."""
+    (tmp_path / "wal").mkdir()
+    fp = fingerprint("messages", "test/counter", "old", TypedValue("t", b""))
+    key = ["w-2", fp, int(time.time() * 1000)]
+    (tmp_path / "wal" / "wal-000000000001.log").write_bytes(
+        frame([1, "test/counter", "old", None, "io.statefun.types/string", True, b"x"])
+        + frame([2, "test/counter", "old", None, "io.statefun.types/string", True, b"x", key])
+    )
+    job, source = idempotent_job(tmp_path, checkpoints=True)
+    running, url = await started(job, source)
+    async with session() as http:
+        assert await post(http, f"{url}/call/test/counter/old") == (200, "3", False)
+        # the keyed record's key is known, with the fingerprint it was written with
+        status, _, _ = await post(http, f"{url}/messages/test/counter/old", key="w-2")
+        assert status == 422
+    job.stop()
+    await running
+
+
+async def test_immediate_replies_a_retry_after_a_crash_gets_the_execution_that_counted(
+    tmp_path: Path,
+) -> None:
+    """reply_release=immediate: calls go through the WAL; a call answered after the last
+    checkpoint runs again after a crash (as documented for this mode) and its key's reply is
+    that run's: the function's state counts it once."""
+    options: dict[str, Any] = {"checkpoints": True, "reply_release": "immediate"}
+    job, source = idempotent_job(tmp_path, **options)
+    running, url = await started(job, source)
+    async with session() as http:
+        assert await post(http, f"{url}/call/test/counter/i", key="i-1") == (200, "1", False)
+        assert job.checkpoints is not None
+        await job.checkpoints.checkpoint()
+        assert await post(http, f"{url}/call/test/counter/i", key="i-2") == (200, "2", False)
+    job._crashed = True  # as if the process died before a checkpoint covered i-2
+    job.fail(SimulatedCrash("crash after an immediate reply"))
+    with pytest.raises(JobFailedError):
+        await running
+    job, source = idempotent_job(tmp_path, **options)
+    running, url = await started(job, source)
+    async with session() as http:
+        assert await post(http, f"{url}/call/test/counter/i", key="i-2") == (200, "2", True)
+        assert await post(http, f"{url}/call/test/counter/i", key="i-1") == (200, "1", True)
+        assert await post(http, f"{url}/call/test/counter/i") == (200, "3", False)
     job.stop()
     await running
