@@ -164,7 +164,7 @@ class Settings:
     http_idempotency_max_keys: int = field(
         default=1_000_000,
         metadata=_doc(
-            "Idempotency-Keys an HTTP ingress remembers at most (about 370 bytes of memory "
+            "Idempotency-Keys an HTTP ingress remembers at most (about 360 bytes of memory "
             "each for a 36-character key, plus a /call's reply); past it the oldest are "
             "forgotten first"
         ),
