@@ -440,10 +440,15 @@ class IdempotentRequests:
         entry.request_id = request_id
         future.add_done_callback(lambda done: self._replied(entry, done))
 
-    def emitted(self, key: str, request_id: str | None) -> None:
+    def emitted(self, key: str, request_id: str | None, fields: list[Any] | None = None) -> None:
         """The message of the request with ``key`` entered the runtime (in the loop step it
-        did). A /messages request is done; a call is in flight until its reply."""
+        did). A /messages request is done; a call is in flight until its reply. ``fields``
+        (from ``wal_fields``) bring back a /messages key whose request was cancelled while
+        its WAL record was being written (the job stopping): the record counts."""
         entry = self.store.peek(key)
+        if entry is None and fields is not None and request_id is None:
+            _, fp, accepted_ms = fields
+            entry = self.store.put(Entry(key, bytes(fp), "messages", int(accepted_ms)))
         if entry is None or entry.emitted:
             return
         entry.emitted = True

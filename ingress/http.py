@@ -200,7 +200,7 @@ class HttpSource(Source):
                     _caller(caller),
                 )
                 if key:
-                    self.keys.emitted(key[0][0], None if caller is None else caller[2])
+                    self.keys.emitted(key[0][0], None if caller is None else caller[2], key[0])
             self.position = last
             for _, future in group:
                 if not future.done():

@@ -9,6 +9,7 @@ import pytest
 
 from statefun.ingress._idempotency import (
     ACCEPTED,
+    IdempotentRequests,
     KeyLog,
     KeyStore,
     check_key,
@@ -172,3 +173,21 @@ def test_the_log_drops_whole_files_past_retention_or_bound(tmp_path: Path) -> No
     assert log.prune(now_ms=1_150, retention_ms=1_000, max_keys=2) == 1
     log.close()
     assert keys_in(tmp_path, max_tag=1) == ["k3", "k4"]
+
+
+def test_a_logged_message_whose_request_was_cancelled_keeps_its_key() -> None:
+    """The job stopping may cancel a request while its WAL record is being written: the
+    record still counts, and so does its key."""
+
+    async def scenario() -> None:
+        requests = IdempotentRequests("test/http", 60.0, 10, 1 << 20, None, {})
+        value = TypedValue("t/x", b"v")
+        fp = fingerprint("messages", "a/b", "1", value)
+        entry = requests.store.begin("k", fp, "messages", requests.now_ms())
+        fields = requests.wal_fields(entry)
+        requests.store.abandon(entry)  # what a cancelled request leaves
+        requests.emitted("k", None, fields)
+        again = requests.store.get("k", requests.now_ms())
+        assert again is not None and again.result == ACCEPTED and again.fingerprint == fp
+
+    asyncio.run(scenario())
