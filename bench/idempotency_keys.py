@@ -4,6 +4,8 @@
            ordered-dict node), for a /messages key and for a /call key with a small reply
   append   appending the keys a checkpoint covers to the key log (one fsync), per key
   load     reading the key log back and filling the store, as on start, per key
+  answer   the ingress's work for a keyed request beyond an unkeyed one (checking the key,
+           fingerprinting a 100-byte body, recording the outcome), first and repeated
 
     .venv/bin/python bench/idempotency_keys.py
     .venv/bin/python bench/idempotency_keys.py --keys 1000000
@@ -14,6 +16,7 @@ Progress goes to stderr; a Markdown table to stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
@@ -22,7 +25,9 @@ import tracemalloc
 import uuid
 from pathlib import Path
 
-from statefun.ingress._idempotency import ACCEPTED, Entry, KeyLog, KeyStore
+from statefun._http.server import Reply, plain
+from statefun.ingress._idempotency import ACCEPTED, Entry, IdempotentRequests, KeyLog, KeyStore
+from statefun.sdk._types import TypedValue
 
 
 def memory_per_key(keys: int, route: str) -> float:
@@ -65,6 +70,30 @@ def log_costs(keys: int, per_checkpoint: int) -> tuple[float, float]:
         return append, load
 
 
+def answer_costs(requests: int) -> tuple[float, float]:
+    """(first, repeat) in microseconds per request."""
+
+    async def measure() -> tuple[float, float]:
+        keys = IdempotentRequests("bench/http", 3600.0, 1 << 62, 1 << 62, None, {})
+        value = TypedValue("io.statefun.types/string", os.urandom(100))
+        accepted = plain(202, "accepted")
+
+        async def run(entry: Entry) -> Reply:
+            keys.emitted(entry.key, None)
+            return accepted
+
+        names = [str(uuid.uuid4()) for _ in range(requests)]
+        timings = []
+        for _ in range(2):  # first: new keys; then: repeats
+            started = time.perf_counter()
+            for name in names:
+                await keys.answer(name, "messages", "a/b", "c", value, run, Reply, 30.0)
+            timings.append((time.perf_counter() - started) / requests * 1e6)
+        return timings[0], timings[1]
+
+    return asyncio.run(measure())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=200_000)
@@ -74,12 +103,15 @@ def main() -> None:
     messages = memory_per_key(args.keys, "messages")
     calls = memory_per_key(args.keys, "call")
     append, load = log_costs(args.keys, args.per_checkpoint)
+    first, repeat = answer_costs(min(args.keys, 100_000))
     print("| measure | figure |")
     print("| --- | --- |")
     print(f"| memory per /messages key | {messages:.0f} B |")
     print(f"| memory per /call key (2-byte reply) | {calls:.0f} B |")
     print(f"| key log append, {args.per_checkpoint} keys per checkpoint | {append:.2f} us/key |")
     print(f"| key log load on start | {load:.2f} us/key |")
+    print(f"| keyed request, first | {first:.2f} us |")
+    print(f"| keyed request, repeat | {repeat:.2f} us |")
 
 
 if __name__ == "__main__":

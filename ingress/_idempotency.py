@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 HEADER = "Idempotency-Key"
 HEADER_KEY = HEADER.lower()  # as Request.headers has it
 REPLAYED = (("Idempotent-Replayed", "true"),)
+_ACCEPTED_AGAIN = plain(202, "accepted", REPLAYED)
 MAX_KEY_LENGTH = 255
 #: the recorded outcome of a /messages request (a /call's is (typename, has_value, bytes))
 ACCEPTED = 1
@@ -84,18 +85,22 @@ def check_key(key: str) -> str | None:
         return "the key is empty"
     if len(key) > MAX_KEY_LENGTH:
         return f"the key has {len(key)} characters, more than {MAX_KEY_LENGTH}"
-    if not all(" " <= c <= "~" for c in key):
+    if not (key.isascii() and key.isprintable()):
         return "the key must be printable ASCII"
     return None
 
 
 def fingerprint(route: str, typename: str, id_: str, value: Any) -> bytes:
     """What identifies a request beyond its key (16 bytes)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (route, typename, id_, str(value.typename)):
-        encoded = part.encode("utf-8")
-        digest.update(len(encoded).to_bytes(4, "little") + encoded)
-    digest.update(b"\x01" + bytes(value.value) if value.has_value else b"\x00")
+    # each part after its length (no two requests read the same), then the value's bytes
+    vt = str(value.typename)
+    head = (
+        f"{len(route)}:{route}{len(typename)}:{typename}{len(id_)}:{id_}{len(vt)}:{vt}"
+        f"{1 if value.has_value else 0}"
+    )
+    digest = hashlib.blake2b(head.encode("utf-8"), digest_size=16)
+    if value.has_value:
+        digest.update(value.value)
     return digest.digest()
 
 
@@ -403,8 +408,10 @@ class IdempotentRequests:
                     f"{HEADER} {key!r} was used for another request (route, address or body "
                     "differ); a new request needs a new key",
                 )
+            result = entry.result
             try:
-                result = await asyncio.wait_for(self.store.wait(entry), timeout_s)
+                if result is None:  # in progress: wait for its outcome
+                    result = await asyncio.wait_for(self.store.wait(entry), timeout_s)
             except TimeoutError:
                 return plain(
                     504, f"the request with {HEADER} {key!r} is still in progress; retry later"
@@ -413,7 +420,7 @@ class IdempotentRequests:
                 continue  # the first attempt was not processed: this one may be
             self.replayed += 1
             if result == ACCEPTED:
-                return plain(202, "accepted", REPLAYED)
+                return _ACCEPTED_AGAIN
             reply = reply_of(reply_value(result))
             return reply._replace(headers=reply.headers + REPLAYED)
 

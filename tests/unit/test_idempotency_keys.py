@@ -99,8 +99,13 @@ def test_fingerprints_differ_by_route_target_type_and_body() -> None:
         fingerprint("messages", "a/b", "1", TypedValue("t/y", b"v")),
         fingerprint("messages", "a/b", "1", TypedValue("t/x", b"w")),
         fingerprint("messages", "a/b", "1", TypedValue("t/x", None)),
+        fingerprint("messages", "a/b", "1", TypedValue("t/x", b"")),
     ):
         assert other != base
+    # an id holding the separator-like characters cannot pass for another address
+    assert fingerprint("messages", "a/b", "1:x", TypedValue("t", b"")) != fingerprint(
+        "messages", "a/b", "1", TypedValue(":xt", b"")
+    )
 
 
 @pytest.mark.parametrize(
