@@ -430,3 +430,45 @@ async def test_immediate_replies_a_retry_after_a_crash_gets_the_execution_that_c
         assert await post(http, f"{url}/call/test/counter/i") == (200, "3", False)
     job.stop()
     await running
+
+
+async def test_restoring_an_older_checkpoint_forgets_the_keys_of_later_ones(
+    tmp_path: Path,
+) -> None:
+    """A key is known after a restore exactly when the restored job holds its message or its
+    effects: going back to an older checkpoint (a savepoint, a damaged newest one) forgets
+    the keys only later checkpoints covered."""
+    job, source = idempotent_job(tmp_path, checkpoints=True)
+    assert source.wal is not None
+    source.wal.segment_bytes = 1  # a segment per group: complete checkpoints trim them
+    running, url = await started(job, source)
+    assert job.checkpoints is not None
+    async with session() as http:
+        assert (await post(http, f"{url}/messages/test/counter/o", key="o-1"))[0] == 202
+        older = await job.checkpoints.checkpoint(savepoint=True)
+        assert (await post(http, f"{url}/messages/test/counter/o", key="o-2"))[0] == 202
+        assert (await post(http, f"{url}/messages/test/counter/o"))[0] == 202
+        await job.checkpoints.checkpoint()
+        await job.checkpoints.checkpoint()
+    job.stop()
+    await running
+    assert not (tmp_path / "wal" / "wal-000000000002.log").exists()  # o-2's record: trimmed
+    job, source = idempotent_job(tmp_path, checkpoints=True)
+    job.restore_from = older.path
+    running, url = await started(job, source)
+    async with session() as http:
+        # o-1 is in the restored state; o-2 is neither there nor in the WAL any more
+        assert await post(http, f"{url}/messages/test/counter/o", key="o-1") == (
+            202,
+            "accepted",
+            True,
+        )
+        assert await post(http, f"{url}/messages/test/counter/o", key="o-2") == (
+            202,
+            "accepted",
+            False,
+        )
+        # o-1, the unkeyed message (replayed from the WAL's last segment), o-2, this call
+        assert await post(http, f"{url}/call/test/counter/o") == (200, "4", False)
+    job.stop()
+    await running
