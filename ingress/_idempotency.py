@@ -550,12 +550,13 @@ class IdempotentRequests:
                 entry.request_id = caller[2]
                 self._restore_entry(entry)
         self.store.expire(now)
-        log.info(
-            "ingress %s: %d idempotency key(s) restored, %d call(s) in progress",
-            self.ingress_id,
-            len(self.store),
-            len(self._calls),
-        )
+        if len(self.store) or self._calls:
+            log.info(
+                "ingress %s: %d idempotency key(s) restored, %d call(s) in progress",
+                self.ingress_id,
+                len(self.store),
+                len(self._calls),
+            )
 
     def _restore_entry(self, entry: Entry) -> None:
         entry.emitted = True
