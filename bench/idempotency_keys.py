@@ -26,7 +26,8 @@ import uuid
 from pathlib import Path
 
 from statefun._http.server import Reply, plain
-from statefun.ingress._idempotency import ACCEPTED, Entry, IdempotentRequests, KeyLog, KeyStore
+from statefun.ingress._idempotency import IdempotentRequests
+from statefun.ingress._keystore import ACCEPTED, Entry, KeyLog, KeyStore
 from statefun.sdk._types import TypedValue
 
 

@@ -30,7 +30,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
-from statefun.ingress._idempotency import HEADER_KEY, Entry, IdempotentRequests
+from statefun.ingress._idempotency import HEADER_KEY, IdempotentRequests
+from statefun.ingress._keystore import Entry
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source

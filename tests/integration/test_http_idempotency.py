@@ -17,7 +17,7 @@ from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.file import FileSink
-from statefun.ingress._idempotency import fingerprint
+from statefun.ingress._keystore import fingerprint
 from statefun.ingress._wal import frame
 from statefun.ingress.http import HttpSource
 from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec

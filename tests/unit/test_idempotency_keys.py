@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from statefun.ingress._idempotency import (
+from statefun.ingress._idempotency import IdempotentRequests
+from statefun.ingress._keystore import (
     ACCEPTED,
-    IdempotentRequests,
     KeyLog,
     KeyStore,
     check_key,
