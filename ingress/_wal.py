@@ -3,8 +3,10 @@
 A message is acknowledged only once it is durable here. Records are appended to segment files
 (``wal-<first sequence number>.log``) and fsynced in groups: every request that arrived while
 the previous fsync ran shares the next one. Each record is framed as
-``length (4 bytes) | crc32 (4 bytes) | msgpack [seq, typename, id, caller, type, has, value]``;
-a torn record at the end of the last segment (a crash during a write) is cut off on open.
+``length (4 bytes) | crc32 (4 bytes) | msgpack [seq, typename, id, caller, type, has, value]``,
+followed by ``[key, fingerprint, accepted_ms]`` when the request carried an ``Idempotency-Key``
+(records without it, as older segments hold, have seven fields); a torn record at the end of
+the last segment (a crash during a write) is cut off on open.
 
 The checkpoint keeps the sequence number of the last record handed to the runtime; after a
 restart every later record is replayed. Segments whose records are all covered by the oldest
@@ -30,12 +32,33 @@ import msgpack
 
 from statefun._files import fsync_dir
 
-__all__ = ["WriteAheadLog"]
+__all__ = ["WriteAheadLog", "frame", "read_frames"]
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<II")
 _SEGMENT_BYTES = 64 << 20
+
+
+def frame(record: list[Any]) -> bytes:
+    """One record as it is stored: length, crc32, msgpack body."""
+    body: bytes = msgpack.packb(record, use_bin_type=True)
+    return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def read_frames(path: Path) -> Iterator[tuple[int, list[Any]]]:
+    """(offset after the record, record) of each whole, intact record of a file, up to the
+    first torn or damaged one."""
+    with path.open("rb") as f:
+        data = f.read()
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, crc = _HEADER.unpack_from(data, offset)
+        body = data[offset + _HEADER.size : offset + _HEADER.size + length]
+        if len(body) < length or zlib.crc32(body) != crc:
+            return
+        offset += _HEADER.size + length
+        yield offset, msgpack.unpackb(body, raw=False)
 
 
 def _segment_start(path: Path) -> int:
@@ -97,8 +120,7 @@ class WriteAheadLog:
         chunks = []
         for record in records:
             self.last_seq += 1
-            body = msgpack.packb([self.last_seq, *record], use_bin_type=True)
-            chunks.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+            chunks.append(frame([self.last_seq, *record]))
         data = b"".join(chunks)
         self._file.write(data)
         self._file.flush()
@@ -139,16 +161,7 @@ class WriteAheadLog:
     @staticmethod
     def _records(path: Path) -> Iterator[tuple[int, list[Any]]]:
         """(offset after the record, record) of each whole, intact record of a segment."""
-        with path.open("rb") as f:
-            data = f.read()
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, crc = _HEADER.unpack_from(data, offset)
-            body = data[offset + _HEADER.size : offset + _HEADER.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
-                return
-            offset += _HEADER.size + length
-            yield offset, msgpack.unpackb(body, raw=False)
+        return read_frames(path)
 
     def _scan(self, path: Path) -> tuple[int, int]:
         """(bytes of whole records, last seq in them) of a segment."""

@@ -158,6 +158,29 @@ class Settings:
         default=0,
         metadata=_doc("port of the admin HTTP server on 127.0.0.1 (savepoints, status); 0: off"),
     )
+    http_idempotency_retention_s: int = field(
+        default=86_400,
+        metadata=_doc(
+            "how long the HTTP ingress remembers an Idempotency-Key (and a /call's reply): a "
+            "repeat within this time is answered with the first request's outcome instead of "
+            "being processed again"
+        ),
+    )
+    http_idempotency_max_keys: int = field(
+        default=1_000_000,
+        metadata=_doc(
+            "Idempotency-Keys an HTTP ingress remembers at most (about 360 bytes of memory "
+            "each for a 36-character key, plus a /call's reply); past it the oldest are "
+            "forgotten first"
+        ),
+    )
+    http_idempotency_max_reply_bytes: int = field(
+        default=256 << 20,
+        metadata=_doc(
+            "bytes of /call replies an HTTP ingress keeps for repeated Idempotency-Keys; past "
+            "it the oldest keys are forgotten first"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.parallelism < 1:
@@ -183,6 +206,13 @@ class Settings:
             raise ConfigurationError("idle_checkpoint_delay_ms must be at least 0")
         if self.checkpoints_retained < 1:
             raise ConfigurationError("checkpoints_retained must be at least 1")
+        for name in (
+            "http_idempotency_retention_s",
+            "http_idempotency_max_keys",
+            "http_idempotency_max_reply_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
             ("restart_strategy", ("none", "fixed-delay", "exponential")),

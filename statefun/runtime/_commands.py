@@ -312,6 +312,13 @@ def add_send_arguments(parser: argparse.ArgumentParser) -> None:
         "--call", action="store_true", help="wait for the function's reply and print it"
     )
     parser.add_argument("--timeout", type=float, default=35.0, help="seconds to wait")
+    parser.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        default=None,
+        help="send an Idempotency-Key header: sending again with the same KEY is answered "
+        "with the first outcome instead of being processed twice",
+    )
 
 
 def send(args: argparse.Namespace) -> int:
@@ -328,6 +335,8 @@ def send(args: argparse.Namespace) -> int:
         headers={"Content-Type": "text/plain; charset=utf-8"},
         method="POST",
     )
+    if args.idempotency_key is not None:
+        request.add_header("Idempotency-Key", args.idempotency_key)
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as response:
             body = response.read().decode("utf-8", errors="replace")

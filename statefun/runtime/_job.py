@@ -334,6 +334,10 @@ class Job:
         sealed, self._unreleased_replies = self._unreleased_replies, []
         return sealed
 
+    def held_replies(self) -> list[tuple[str, Any]]:
+        """The replies produced since the last cut, still held (request id, value); read-only."""
+        return list(self._unreleased_replies)
+
     def release_replies(self, replies: list[tuple[str, Any]]) -> None:
         for request_id, value in replies:
             self._release_reply(request_id, value)

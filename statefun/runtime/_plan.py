@@ -190,6 +190,10 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     wal_dir=_wal_dir(settings, ingress.id),
                     wal_retained=settings.checkpoints_retained,
                     log_calls=settings.reply_release != "on-checkpoint",
+                    held_replies=job.held_replies,
+                    idempotency_retention_s=settings.http_idempotency_retention_s,
+                    idempotency_max_keys=settings.http_idempotency_max_keys,
+                    idempotency_max_reply_bytes=settings.http_idempotency_max_reply_bytes,
                 )
             )
         elif isinstance(ingress, FileIngressSpec):
