@@ -25,28 +25,30 @@ import logging
 import time
 from collections.abc import Coroutine
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any, NamedTuple, Protocol
 
 from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
+from statefun._http.defences import HostCheck, ServerOptions, token_matches, warn_if_exposed
 
-__all__ = ["Application", "HttpServer", "Reply", "Request", "media_type", "plain"]
+__all__ = [
+    "Application",
+    "HttpServer",
+    "Reply",
+    "Request",
+    "ServerOptions",
+    "media_type",
+    "plain",
+]
 
 log = logging.getLogger(__name__)
 
 _MAX_HEAD_BYTES = 64 << 10
 _MAX_DISCARD = 1 << 20  # a refused body up to this size is read and dropped
 _LINGER_SECONDS = 2.0
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Content Too Large",
-    415: "Unsupported Media Type",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+_REASONS[413] = "Content Too Large"  # RFC 9110's name (Python 3.11 has the older one)
+_REASONS[421] = "Misdirected Request"
 
 
 class Reply(NamedTuple):
@@ -202,17 +204,31 @@ def _parse_head(head: bytes) -> Request:
     return request
 
 
+_HEAD, _BODY, _BUSY = 0, 1, 2  # what a connection waits for: a request head, a body, the app
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.app = server.app
         self.transport: asyncio.Transport | None = None
+        self.client = ""  # the peer's address, for the per-client cap
         self.buffer = bytearray()
         self.request: Request | None = None  # head read, body pending
         self.chunked: ChunkedBody | None = None  # the request's body, if chunked
         self.busy: asyncio.Task[None] | None = None  # an async function running
-        self.last_active = time.monotonic()
+        self.phase = _HEAD
+        now = time.monotonic()
+        self.last_active = now  # the last reply (or the connect): the keep-alive clock
+        #: when the head being waited for started (the connect, or its first byte); None:
+        #: idle after a reply, nothing of the next request yet
+        self.head_start: float | None = now
+        self.body_start = now
+        self.received = 0  # bytes received, all told
+        self.body_mark = 0  # ``received`` when the current body started
         self.closing = False
+        self.refused = False  # over a cap: answered 503, closing
+        self.lingering = False  # refused and waiting a moment for the client to read that
         self.eof = False
         self.write_paused = False
         self.discard = 0  # bytes of a rejected body still to drop
@@ -223,19 +239,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        server = self.server
-        if len(server.connections) >= server.max_connections:
-            server.refused += 1
-            if server.refused == 1 or server.refused % 1000 == 0:
-                log.warning(
-                    "refused %d connection(s): %d are open, the limit",
-                    server.refused,
-                    server.max_connections,
-                )
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.server.admit(self):
+            self.refused = True
             self.closing = True
-            transport.abort()
-            return
-        server.connections.add(self)
+            self.server.refuse(self, transport)
 
     def pause_writing(self) -> None:
         # The client does not read its replies: stop reading its requests until it does.
@@ -251,11 +260,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.server.connections.discard(self)
+        self.server.forget(self)
         # A running async function finishes; its reply has nowhere to go.
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
+        if self.refused:
+            return  # dropped: the 503 is on its way, the connection closes
+        if self.head_start is None and self.phase == _HEAD:
+            self.head_start = time.monotonic()  # a byte of the next request: its deadline starts
+        self.received += len(data)
         if self.draining:
             self.draining -= len(data)
             if self.draining <= 0:
@@ -271,6 +284,8 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self.eof = True
+        if self.refused:
+            return False  # close now
         # keep the write side open for a reply in progress
         return self.busy is not None and not self.draining
 
@@ -278,6 +293,43 @@ class _Connection(asyncio.Protocol):
 
     def idle(self) -> bool:
         return self.busy is None and self.request is None and not self.buffer
+
+    def overdue(self, now: float) -> str | None:
+        """Why the connection is to be closed now, or None (the sweeper asks)."""
+        server = self.server
+        if self.phase == _HEAD:
+            start = self.head_start
+            if start is None:
+                if now - self.last_active > server.options.keepalive_timeout:
+                    return ""  # idle too long: closed without a word
+                return None
+            if now - start > server.options.head_timeout:
+                if not self.buffer:
+                    return ""  # not a byte of a request: closed without a word
+                return f"request head not complete within {server.options.head_timeout:g}s"
+            return None
+        if self.phase == _BODY:
+            got = self.received - self.body_mark
+            allowed = server.options.body_timeout + got / server.options.min_body_rate
+            if now - self.body_start > allowed:
+                return (
+                    f"request incomplete: body not received within {allowed:.3g}s "
+                    f"({got} bytes came)"
+                )
+        return None
+
+    def _waiting_for_head(self) -> None:
+        """The last request is answered: the connection waits for the next head."""
+        self.phase = _HEAD
+        self.last_active = time.monotonic()  # the keep-alive timeout counts from the reply
+        self.head_start = self.last_active if self.buffer else None
+        self.server.waiting(self)
+
+    def _head_read(self) -> None:
+        self.phase = _BODY
+        self.body_start = time.monotonic()
+        self.body_mark = self.received - len(self.buffer)
+        self.server.not_waiting(self)
 
     def _process(self) -> None:
         try:
@@ -308,8 +360,9 @@ class _Connection(asyncio.Protocol):
                 raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
             request = self.request = _parse_head(bytes(buffer[:end]))
             del buffer[: end + 4]
+            self._head_read()
             self.chunked = ChunkedBody(self.app.max_body_bytes) if request.chunked else None
-            early = self.app.check(request)
+            early = self.server.screen(request) or self.app.check(request)
             if early is not None:
                 self.request = None
                 if not request.length and not request.chunked:  # nothing to skip
@@ -371,6 +424,7 @@ class _Connection(asyncio.Protocol):
             return
         assert self.transport is not None
         self.transport.pause_reading()
+        self.phase = _BUSY
         self.busy = asyncio.get_running_loop().create_task(
             self._answer_later(outcome, request.keep_alive)
         )
@@ -396,8 +450,8 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.write(_encode(reply, keep_alive, head_only))
-        self.last_active = time.monotonic()  # the keep-alive timeout counts from the reply
         if keep_alive:
+            self._waiting_for_head()
             return
         if not linger:
             self._close()
@@ -426,51 +480,247 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def evict(self) -> None:
+        """Closed to make room: a 503 if a request had started, else just closed."""
+        if self.buffer:
+            busy = plain(503, "too many connections; try again later", (("Retry-After", "1"),))
+            self._write(busy, keep_alive=False)
+        else:
+            self._close()
+
+    def time_out(self, reason: str) -> None:
+        self.request = None
+        self._write(plain(408, reason), keep_alive=False)
+
     def abort(self) -> None:
         self.closing = True
         if self.transport is not None:
             self.transport.abort()
 
 
+_LOG_EVERY = 10.0  # seconds between two warnings of one kind from one server
+_REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its 503
+
+
 class HttpServer:
-    """Listens on one address; ``close`` stops it gracefully."""
+    """Listens on one address; ``close`` stops it gracefully.
+
+    ``options`` (``defences.ServerOptions``) sets its time limits, connection caps, ``Host``
+    allow-list, bearer token and TLS; ``keepalive_timeout`` and ``max_connections`` given
+    here override the options' own."""
 
     def __init__(
-        self, app: Application, keepalive_timeout: float = 75.0, max_connections: int = 1024
+        self,
+        app: Application,
+        keepalive_timeout: float | None = None,
+        max_connections: int | None = None,
+        *,
+        options: ServerOptions | None = None,
+        name: str = "HTTP server",
     ) -> None:
         self.app = app
-        self.keepalive_timeout = keepalive_timeout
-        self.max_connections = max_connections
-        self.refused = 0
+        self.name = name
+        self.options = (options or ServerOptions()).with_(
+            keepalive_timeout=keepalive_timeout, max_connections=max_connections
+        )
+        self.refused = 0  # connections refused over a cap
+        self.evicted = 0  # waiting connections closed to make room for new ones
         self.connections: set[_Connection] = set()
         self.shutting_down = False
+        self._per_client: dict[str, int] = {}
+        # Connections waiting for a request head (or idle), oldest first, with since when:
+        # those are closed first when a cap is reached.
+        self._waiting: dict[_Connection, float] = {}
+        self._waiting_by_client: dict[str, dict[_Connection, float]] = {}
+        self._lingering = 0
+        self._busy_bytes = b""
+        self._hosts = HostCheck(self.options.allowed_hosts, "127.0.0.1")
+        self._logged: dict[str, tuple[float, int]] = {}
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
+    @property
+    def keepalive_timeout(self) -> float:
+        return self.options.keepalive_timeout
+
+    @property
+    def max_connections(self) -> int:
+        return self.options.max_connections
+
     async def start(self, host: str, port: int) -> int:
         """Listen on (host, port); the port bound (``port=0`` picks a free one)."""
+        options = self.options
+        self._hosts = HostCheck(options.allowed_hosts, host)
+        warn_if_exposed(
+            self.name, host, tls=options.tls is not None, token=options.token is not None
+        )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
+            lambda: _Connection(self),
+            host,
+            port,
+            backlog=1024,
+            reuse_address=True,
+            ssl=options.tls,
+            ssl_handshake_timeout=options.head_timeout if options.tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep())
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
+    # -- connections: caps, eviction, the 503 --------------------------------------------------
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count a new connection in, making room if a cap is reached by closing the
+        connection that has waited longest for a request head (for at least a moment);
+        False if there is no room: it is refused. O(1)."""
+        options = self.options
+        client = connection.client
+        per_client = self._per_client.get(client, 0)
+        if per_client >= options.max_connections_per_client and not self._evict(
+            self._waiting_by_client.get(client)
+        ):
+            return False
+        if len(self.connections) >= options.max_connections and not self._evict(self._waiting):
+            return False
+        self.connections.add(connection)
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        self.waiting(connection)
+        return True
+
+    def _evict(self, waiting: dict[_Connection, float] | None) -> bool:
+        if not waiting:
+            return False
+        victim, since = next(iter(waiting.items()))
+        if time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
+            return False  # the oldest just started: this is a burst, not a siege
+        self.evicted += 1
+        self._note("evict", f"closed waiting connections to make room (caps: {self._caps()})")
+        self.forget(victim)
+        victim.evict()
+        return True
+
+    def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        """Answer a connection over a cap with a 503 and close it (after the client has had a
+        moment to read it, as long as few are lingering so)."""
+        self.refused += 1
+        self._note("refuse", f"refused connections over the caps ({self._caps()})")
+        transport.write(self._busy_reply())
+        if self._lingering < 256 and transport.can_write_eof():
+            self._lingering += 1
+            connection.lingering = True
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_REFUSED_LINGER, connection.abort)
+        else:
+            transport.close()
+
+    def _caps(self) -> str:
+        options = self.options
+        return (
+            f"{options.max_connections} in all, {options.max_connections_per_client} per "
+            "client; settings http_max_connections, http_max_connections_per_client"
+        )
+
+    def _busy_reply(self) -> bytes:
+        if not self._busy_bytes:
+            reply = plain(503, "too many connections; try again later", (("Retry-After", "1"),))
+            self._busy_bytes = _encode(reply, keep_alive=False)
+        return self._busy_bytes
+
+    def forget(self, connection: _Connection) -> None:
+        """The connection is closed (or closing): count it out. Idempotent."""
+        if connection.lingering:
+            connection.lingering = False
+            self._lingering -= 1
+        if connection not in self.connections:
+            return
+        self.connections.discard(connection)
+        self.not_waiting(connection)
+        client = connection.client
+        left = self._per_client.get(client, 1) - 1
+        if left:
+            self._per_client[client] = left
+        else:
+            self._per_client.pop(client, None)
+
+    def waiting(self, connection: _Connection) -> None:
+        """The connection waits for a request head (moved to the end: the newest)."""
+        if connection not in self.connections:
+            return
+        now = time.monotonic()
+        self._waiting.pop(connection, None)
+        self._waiting[connection] = now
+        mine = self._waiting_by_client.setdefault(connection.client, {})
+        mine.pop(connection, None)
+        mine[connection] = now
+
+    def not_waiting(self, connection: _Connection) -> None:
+        if self._waiting.pop(connection, None) is not None:
+            mine = self._waiting_by_client.get(connection.client)
+            if mine is not None:
+                mine.pop(connection, None)
+                if not mine:
+                    del self._waiting_by_client[connection.client]
+
+    # -- requests: Host and token ----------------------------------------------------------------
+
+    def screen(self, request: Request) -> Reply | None:
+        """The refusal of a request whose ``Host`` is not served here (421) or that lacks the
+        bearer token (401; ``GET /health`` needs none), or None."""
+        why = self._hosts.refusal(request.headers.get("host"))
+        if why is not None:
+            self._note("host", f"refused a request for another host: {why}")
+            return plain(421, why)
+        token = self.options.token
+        if token is None or (request.path == "/health" and request.method in ("GET", "HEAD")):
+            return None
+        given = request.headers.get("authorization")
+        if token_matches(given, token):
+            return None
+        reason = "the bearer token is wrong" if given else "a bearer token is required"
+        self._note("token", "refused requests without the right bearer token")
+        return plain(
+            401,
+            f"{reason}: send Authorization: Bearer <token>",
+            (("WWW-Authenticate", 'Bearer realm="pystatefun"'),),
+        )
+
+    def _note(self, kind: str, message: str) -> None:
+        """A WARNING about something that may happen thousands of times a second: at most
+        one per ``_LOG_EVERY`` seconds per kind, with the count since the last one."""
+        now = time.monotonic()
+        last, count = self._logged.get(kind, (-_LOG_EVERY, 0))
+        count += 1
+        if now - last >= _LOG_EVERY:
+            log.warning(
+                "%s: %s (%d time(s) since the last such warning)", self.name, message, count
+            )
+            self._logged[kind] = (now, 0)
+        else:
+            self._logged[kind] = (last, count)
+
     async def _sweep(self) -> None:
-        """Close connections idle (or stalled half-way through a request) for too long."""
-        period = max(0.05, min(self.keepalive_timeout / 4, 15.0))
+        """Close connections past a deadline: a request head or body too slow, idle too long."""
+        options = self.options
+        shortest = min(options.head_timeout, options.body_timeout, options.keepalive_timeout)
+        period = max(0.05, min(shortest / 4, 1.0))
         while True:
             await asyncio.sleep(period)
-            stale = time.monotonic() - self.keepalive_timeout
+            now = time.monotonic()
             for connection in list(self.connections):
-                if connection.busy is None and connection.last_active < stale:
-                    if not connection.idle():
-                        log.warning(
-                            "closing a connection from %s: request incomplete for %gs",
-                            connection._peer(),
-                            self.keepalive_timeout,
-                        )
+                if connection.busy is not None or connection.closing:
+                    continue
+                why = connection.overdue(now)
+                if why is None:
+                    continue
+                if why:
+                    self._note(
+                        "slow",
+                        f"closed slow connections, e.g. from {connection._peer()}: {why}",
+                    )
+                    connection.time_out(why)
+                else:
+                    self.forget(connection)
                     connection._close()
 
     async def close(self, timeout: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from statefun._http.defences import ServerOptions, server_tls_context
 from statefun._keygroups import key_group_range
 from statefun._settings import Settings
 from statefun.checkpoint.storage import storage_path
@@ -187,6 +188,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     replies=job.replies,
                     wal_dir=_wal_dir(settings, ingress.id),
                     log_calls=settings.reply_release != "on-checkpoint",
+                    server_options=_ingress_server_options(settings, ingress),
                 )
             )
         elif isinstance(ingress, FileIngressSpec):
@@ -195,3 +197,12 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
             sources.append(KafkaSource.from_spec(ingress))
     job.sources = sources
     return job
+
+
+def _ingress_server_options(settings: Settings, ingress: HttpIngressSpec) -> ServerOptions:
+    """The ``http_*`` settings with the ingress's own Host allow-list, token and TLS."""
+    where = f"{ingress.source}: tls"
+    tls = None if ingress.tls is None else server_tls_context(*ingress.tls, where=where)
+    return ServerOptions.from_settings(
+        settings, allowed_hosts=ingress.allowed_hosts, token=ingress.token, tls=tls
+    )

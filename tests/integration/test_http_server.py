@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from statefun import Context, IntType, Message, StatefulFunctions, ValueSpec, message_builder
+from statefun._http.defences import ServerOptions
 from statefun.sdk import start_server
 from statefun.sdk._serve import RunningServer
 from tests.integration.test_serve import as_reply, decode, port_accepts, typed
@@ -77,7 +78,7 @@ def post(
     version: str = "1.1",
     headers: str = "Content-Type: application/octet-stream\r\n",
 ) -> bytes:
-    head = f"POST {path} HTTP/{version}\r\nHost: test\r\n{headers}Content-Length: {len(body)}\r\n"
+    head = f"POST {path} HTTP/{version}\r\nHost: localhost\r\n{headers}Content-Length: {len(body)}\r\n"
     return head.encode() + b"\r\n" + body
 
 
@@ -164,13 +165,16 @@ async def server() -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 async def quick_server() -> AsyncIterator[RunningServer]:
-    """A server that closes idle and stalled connections after ``KEEPALIVE`` seconds."""
+    """A server that closes idle and stalled connections after ``KEEPALIVE`` seconds (a
+request head or body that is not complete then: 408)."""
     running = await start_server(
         make_functions(),
         port=0,
         max_body_bytes=MAX_BODY,
         shutdown_timeout=5,
-        keepalive_timeout=KEEPALIVE,
+        options=ServerOptions(
+            keepalive_timeout=KEEPALIVE, head_timeout=KEEPALIVE, body_timeout=KEEPALIVE
+        ),
     )
     async with running:
         yield running
@@ -230,7 +234,7 @@ async def test_request_split_into_tiny_writes(server: RunningServer) -> None:
 async def test_chunked_request_body(server: RunningServer) -> None:
     body = count_call(4, 6)
     head = (
-        b"POST /statefun HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
+        b"POST /statefun HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
         b"Content-Type: application/octet-stream\r\n\r\n"
     )
     pieces = [body[:5], body[5:6], body[6:]]
@@ -263,7 +267,7 @@ async def test_expect_100_continue_refused(server: RunningServer) -> None:
     whether the client sends the body anyway, so it closes the connection."""
     async with await connect(server) as connection:
         await connection.send(
-            b"POST /statefun HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\n"
+            b"POST /statefun HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
             b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1)
         )
         reply = await read_reply(connection.reader)
@@ -458,7 +462,7 @@ async def test_wrong_content_type_is_415(server: RunningServer) -> None:
 
 async def test_get_on_the_function_path_is_405(server: RunningServer) -> None:
     async with await connect(server) as connection:
-        reply = await connection.ask(b"GET /statefun HTTP/1.1\r\nHost: test\r\n\r\n")
+        reply = await connection.ask(b"GET /statefun HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert reply.status == 405
     assert reply.headers["allow"] == "POST"
 
@@ -468,10 +472,10 @@ async def test_get_on_the_function_path_is_405(server: RunningServer) -> None:
 
 async def test_health(server: RunningServer) -> None:
     async with await connect(server) as connection:
-        got = await connection.ask(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
-        await connection.send(b"HEAD /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        got = await connection.ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await connection.send(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         head = await read_reply(connection.reader, head_only=True)
-        after = await connection.ask(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        after = await connection.ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert got.status == 200
     assert got.headers["content-type"] == "application/json"
     assert json.loads(got.body) == {"status": "ok", "functions": ["test/count", "test/wait"]}
@@ -524,6 +528,9 @@ async def test_request_stalled_half_way_is_closed(
         async with await connect(quick_server) as connection:
             await connection.send(post(body)[: -len(body)])  # the head, no body
             start = time.monotonic()
+            timed_out = await read_reply(connection.reader)
+            assert (timed_out.status, timed_out.reason) == (408, "Request Timeout")
+            assert timed_out.closes
             await assert_closed_by_server(connection.reader)
             assert time.monotonic() - start >= KEEPALIVE - SLACK
     assert any("request incomplete" in r.getMessage() for r in caplog.records)
@@ -558,7 +565,7 @@ async def test_reply_during_shutdown_closes_the_connection() -> None:
 # -- bounds --------------------------------------------------------------------------------
 
 
-async def test_connections_past_the_limit_are_closed() -> None:
+async def test_connections_past_the_limit_get_503_and_are_closed() -> None:
     from statefun._http.server import HttpServer, Reply
 
     class Fixed:
@@ -578,12 +585,15 @@ async def test_connections_past_the_limit_are_closed() -> None:
     streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
     try:
         for index, (reader, writer) in enumerate(streams):
-            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             data = await asyncio.wait_for(reader.read(1000), DEADLINE)
             if index < 2:
                 assert data.startswith(b"HTTP/1.1 200 OK")
-            else:
-                assert data == b""  # closed without a word
+            else:  # refused at once: the first two wait for a head for less than a moment
+                assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), data
+                assert b"\r\nRetry-After: 1\r\n" in data
+                assert b"\r\nConnection: close\r\n" in data
+                assert await asyncio.wait_for(reader.read(), DEADLINE) == b""
         assert server.refused == 1
     finally:
         for _, writer in streams:
