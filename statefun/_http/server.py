@@ -242,8 +242,6 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self.server.admit(self):
-            self.refused = True
-            self.closing = True
             self.server.refuse(self, transport)
 
     def pause_writing(self) -> None:
@@ -481,12 +479,10 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def evict(self) -> None:
-        """Closed to make room: a 503 if a request had started, else just closed."""
-        if self.buffer:
-            busy = plain(503, "too many connections; try again later", (("Retry-After", "1"),))
-            self._write(busy, keep_alive=False)
-        else:
-            self._close()
+        """Closed to make room (it waits for a request head): a 503, then closed."""
+        self.buffer.clear()
+        if self.transport is not None and not self.transport.is_closing():
+            self.server.send_busy(self, self.transport)
 
     def time_out(self, reason: str) -> None:
         self.request = None
@@ -571,29 +567,41 @@ class HttpServer:
     # -- connections: caps, eviction, the 503 --------------------------------------------------
 
     def admit(self, connection: _Connection) -> bool:
-        """Count a new connection in, making room if a cap is reached by closing the
-        connection that has waited longest for a request head (for at least a moment);
-        False if there is no room: it is refused. O(1)."""
+        """Count a new connection in, making room if a cap is reached; False if there is no
+        room (the caller refuses it).
+
+        At the per-client cap, the client's own connection that has waited longest for a
+        request head goes (if it has waited a moment: a burst is refused, not churned). At
+        the cap in all, the client with the most connections pays: its longest-waiting
+        connection goes if it holds at least two more than the newcomer's client (so a few
+        addresses holding every slot do not lock out the others), or the newcomer's own if
+        that is the busiest. Cost: O(1), plus one pass over the clients at the cap in all."""
         options = self.options
         client = connection.client
-        per_client = self._per_client.get(client, 0)
-        if per_client >= options.max_connections_per_client and not self._evict(
-            self._waiting_by_client.get(client)
-        ):
+        mine = self._per_client.get(client, 0)
+        if mine >= options.max_connections_per_client and not self._evict(client, patient=True):
             return False
-        if len(self.connections) >= options.max_connections and not self._evict(self._waiting):
-            return False
+        if len(self.connections) >= options.max_connections:
+            heaviest = max(self._per_client.items(), key=lambda item: item[1])[0]
+            if heaviest == client or self._per_client[heaviest] < mine + 2:
+                if not self._evict(client, patient=True):
+                    return False
+            elif not self._evict(heaviest, patient=False):
+                return False
         self.connections.add(connection)
         self._per_client[client] = self._per_client.get(client, 0) + 1
         self.waiting(connection)
         return True
 
-    def _evict(self, waiting: dict[_Connection, float] | None) -> bool:
+    def _evict(self, client: str, *, patient: bool) -> bool:
+        """Close ``client``'s connection that has waited longest for a request head (with
+        ``patient``, only if that is at least a moment); whether one was closed."""
+        waiting = self._waiting_by_client.get(client)
         if not waiting:
             return False
         victim, since = next(iter(waiting.items()))
-        if time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
-            return False  # the oldest just started: this is a burst, not a siege
+        if patient and time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
+            return False
         self.evicted += 1
         self._note("evict", f"closed waiting connections to make room (caps: {self._caps()})")
         self.forget(victim)
@@ -601,10 +609,16 @@ class HttpServer:
         return True
 
     def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
-        """Answer a connection over a cap with a 503 and close it (after the client has had a
-        moment to read it, as long as few are lingering so)."""
+        """Answer a connection over a cap with a 503 and close it."""
         self.refused += 1
         self._note("refuse", f"refused connections over the caps ({self._caps()})")
+        self.send_busy(connection, transport)
+
+    def send_busy(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        """Write the 503 and close: after the client has had a moment to read it (and send
+        what it was sending), as long as few connections linger so; at once otherwise."""
+        connection.refused = True
+        connection.closing = True
         transport.write(self._busy_reply())
         if self._lingering < 256 and transport.can_write_eof():
             self._lingering += 1

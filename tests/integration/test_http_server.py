@@ -78,7 +78,9 @@ def post(
     version: str = "1.1",
     headers: str = "Content-Type: application/octet-stream\r\n",
 ) -> bytes:
-    head = f"POST {path} HTTP/{version}\r\nHost: localhost\r\n{headers}Content-Length: {len(body)}\r\n"
+    head = (
+        f"POST {path} HTTP/{version}\r\nHost: localhost\r\n{headers}Content-Length: {len(body)}\r\n"
+    )
     return head.encode() + b"\r\n" + body
 
 
@@ -166,7 +168,7 @@ async def server() -> AsyncIterator[RunningServer]:
 @pytest.fixture
 async def quick_server() -> AsyncIterator[RunningServer]:
     """A server that closes idle and stalled connections after ``KEEPALIVE`` seconds (a
-request head or body that is not complete then: 408)."""
+    request head or body that is not complete then: 408)."""
     running = await start_server(
         make_functions(),
         port=0,
