@@ -451,6 +451,7 @@ class _Connection(asyncio.Protocol):
         if keep_alive:
             self._waiting_for_head()
             return
+        self.server.not_waiting(self)  # closing: no longer one to close to make room
         if not linger:
             self._close()
             return
@@ -464,7 +465,7 @@ class _Connection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
 
     def _reject(self, status: int, reason: str) -> None:
-        log.warning("bad HTTP request from %s: %s", self._peer(), reason)
+        self.server.note("bad", f"bad HTTP request from {self._peer()}: {reason}")
         self.request = None
         self._write(plain(status, reason), keep_alive=False, linger=True)
 
@@ -486,7 +487,7 @@ class _Connection(asyncio.Protocol):
 
     def time_out(self, reason: str) -> None:
         self.request = None
-        self._write(plain(408, reason), keep_alive=False)
+        self._write(plain(408, reason), keep_alive=False, linger=True)
 
     def abort(self) -> None:
         self.closing = True
@@ -603,7 +604,7 @@ class HttpServer:
         if patient and time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
             return False
         self.evicted += 1
-        self._note("evict", f"closed waiting connections to make room (caps: {self._caps()})")
+        self.note("evict", f"closed waiting connections to make room (caps: {self._caps()})")
         self.forget(victim)
         victim.evict()
         return True
@@ -611,7 +612,7 @@ class HttpServer:
     def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
         """Answer a connection over a cap with a 503 and close it."""
         self.refused += 1
-        self._note("refuse", f"refused connections over the caps ({self._caps()})")
+        self.note("refuse", f"refused connections over the caps ({self._caps()})")
         self.send_busy(connection, transport)
 
     def send_busy(self, connection: _Connection, transport: asyncio.Transport) -> None:
@@ -683,7 +684,7 @@ class HttpServer:
         bearer token (401; ``GET /health`` needs none), or None."""
         why = self._hosts.refusal(request.headers.get("host"))
         if why is not None:
-            self._note("host", f"refused a request for another host: {why}")
+            self.note("host", f"refused a request for another host: {why}")
             return plain(421, why)
         token = self.options.token
         if token is None or (request.path == "/health" and request.method in ("GET", "HEAD")):
@@ -692,14 +693,14 @@ class HttpServer:
         if token_matches(given, token):
             return None
         reason = "the bearer token is wrong" if given else "a bearer token is required"
-        self._note("token", "refused requests without the right bearer token")
+        self.note("token", "refused requests without the right bearer token")
         return plain(
             401,
             f"{reason}: send Authorization: Bearer <token>",
             (("WWW-Authenticate", 'Bearer realm="pystatefun"'),),
         )
 
-    def _note(self, kind: str, message: str) -> None:
+    def note(self, kind: str, message: str) -> None:
         """A WARNING about something that may happen thousands of times a second: at most
         one per ``_LOG_EVERY`` seconds per kind, with the count since the last one."""
         now = time.monotonic()
@@ -728,7 +729,7 @@ class HttpServer:
                 if why is None:
                     continue
                 if why:
-                    self._note(
+                    self.note(
                         "slow",
                         f"closed slow connections, e.g. from {connection._peer()}: {why}",
                     )

@@ -538,6 +538,51 @@ async def test_request_stalled_half_way_is_closed(
     assert any("request incomplete" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_trickled_request_head_does_not_extend_its_deadline(
+    quick_server: RunningServer,
+) -> None:
+    """One byte of the head at a time, each well within the timeout: the head must still be
+    complete ``head_timeout`` after it started (a byte used to reset the clock)."""
+    request = post(count_call(1, 1))
+    async with await connect(quick_server) as connection:
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            for byte in request[:40]:
+                await connection.send(bytes([byte]))
+                await asyncio.sleep(KEEPALIVE / 10)
+        timed_out = await read_reply(connection.reader)
+        assert (timed_out.status, timed_out.reason) == (408, "Request Timeout")
+        assert b"request head not complete" in timed_out.body
+        assert KEEPALIVE - SLACK <= time.monotonic() - start < DEADLINE
+        await assert_closed_by_server(connection.reader)
+
+
+async def test_a_body_slower_than_the_minimum_rate_is_cut_off() -> None:
+    options = ServerOptions(body_timeout=0.3, min_body_rate=100)
+    running = await start_server(make_functions(), port=0, shutdown_timeout=5, options=options)
+    async with running, await connect(running) as connection:
+        body = count_call(1, 1) + b"\0" * 1000  # the length is what counts here
+        await connection.send(post(body)[: -len(body)])
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            for offset in range(0, 60, 10):  # 10 bytes each 0.1 s: 100 B/s would be needed
+                await connection.send(body[offset : offset + 5])
+                await asyncio.sleep(0.1)
+        timed_out = await read_reply(connection.reader)
+        assert timed_out.status == 408 and b"request incomplete" in timed_out.body
+        assert time.monotonic() - start < DEADLINE
+    # a body at the rate passes: the grace period plus one second per 100 bytes
+    running = await start_server(make_functions(), port=0, shutdown_timeout=5, options=options)
+    async with running, await connect(running) as connection:
+        body = count_call(1, 1)
+        request = post(body)
+        await connection.send(request[: -len(body)])
+        for offset in range(0, len(body), 20):
+            await connection.send(body[offset : offset + 20])
+            await asyncio.sleep(0.1)  # 200 B/s
+        assert (await read_reply(connection.reader)).status == 200
+
+
 async def test_close_closes_idle_connections_at_once() -> None:
     running = await start_server(make_functions(), port=0, shutdown_timeout=DEADLINE)
     async with await connect(running) as used, await connect(running) as unused:
