@@ -179,10 +179,16 @@ class HostCheck:
         self.any = "*" in allowed
         self.names = frozenset(_host_name(name) for name in allowed)
         self.shown = ", ".join(sorted(self.names))
+        #: Host header values seen and accepted (a few: clients repeat theirs)
+        self.accepted: set[str] = set()
 
     def refusal(self, host: str | None) -> str | None:
         """Why a request with this ``Host`` header is refused, or None. A request without
         one (HTTP/1.0) passes: browsers always send it."""
-        if self.any or host is None or _host_name(host) in self.names:
+        if self.any or host is None:
+            return None
+        if _host_name(host) in self.names:
+            if len(self.accepted) < 64:
+                self.accepted.add(host)
             return None
         return f"Host {host[:80]!r} is not served here; accepted: {self.shown}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from email.utils import formatdate
@@ -205,6 +206,7 @@ def _parse_head(head: bytes) -> Request:
 
 
 _HEAD, _BODY, _BUSY = 0, 1, 2  # what a connection waits for: a request head, a body, the app
+_REORDER = 0.25  # seconds: how stale a waiting connection's place in the order may be
 
 
 class _Connection(asyncio.Protocol):
@@ -219,6 +221,7 @@ class _Connection(asyncio.Protocol):
         self.busy: asyncio.Task[None] | None = None  # an async function running
         self.phase = _HEAD
         now = time.monotonic()
+        self.wait_since = -math.inf  # when it was last listed as waiting
         self.last_active = now  # the last reply (or the connect): the keep-alive clock
         #: when the head being waited for started (the connect, or its first byte); None:
         #: idle after a reply, nothing of the next request yet
@@ -319,15 +322,17 @@ class _Connection(asyncio.Protocol):
     def _waiting_for_head(self) -> None:
         """The last request is answered: the connection waits for the next head."""
         self.phase = _HEAD
-        self.last_active = time.monotonic()  # the keep-alive timeout counts from the reply
-        self.head_start = self.last_active if self.buffer else None
-        self.server.waiting(self)
+        now = self.last_active = time.monotonic()  # the keep-alive timeout counts from here
+        self.head_start = now if self.buffer else None
+        if now - self.wait_since > _REORDER:  # a busy connection is not moved every time
+            self.wait_since = now
+            self.server.waiting(self, now)
 
     def _head_read(self) -> None:
+        # (it stays listed as waiting: ``HttpServer._evict`` skips it while it is not)
         self.phase = _BODY
         self.body_start = time.monotonic()
         self.body_mark = self.received - len(self.buffer)
-        self.server.not_waiting(self)
 
     def _process(self) -> None:
         try:
@@ -525,9 +530,9 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self.shutting_down = False
         self._per_client: dict[str, int] = {}
-        # Connections waiting for a request head (or idle), oldest first, with since when:
-        # those are closed first when a cap is reached.
-        self._waiting: dict[_Connection, float] = {}
+        # Per client, its connections waiting for a request head (or idle), oldest first,
+        # with since when: those are closed first when a cap is reached. A connection stays
+        # listed while it reads a request; the order is at most ``_REORDER`` seconds stale.
         self._waiting_by_client: dict[str, dict[_Connection, float]] = {}
         self._lingering = 0
         self._busy_bytes = b""
@@ -590,17 +595,22 @@ class HttpServer:
             elif not self._evict(heaviest, patient=False):
                 return False
         self.connections.add(connection)
-        self._per_client[client] = self._per_client.get(client, 0) + 1
-        self.waiting(connection)
+        self._per_client[client] = mine + 1
+        connection.wait_since = now = time.monotonic()
+        self.waiting(connection, now)
         return True
 
     def _evict(self, client: str, *, patient: bool) -> bool:
         """Close ``client``'s connection that has waited longest for a request head (with
         ``patient``, only if that is at least a moment); whether one was closed."""
         waiting = self._waiting_by_client.get(client)
-        if not waiting:
-            return False
-        victim, since = next(iter(waiting.items()))
+        while True:
+            if not waiting:
+                return False
+            victim, since = next(iter(waiting.items()))
+            if victim.phase == _HEAD and not victim.closing:
+                break
+            self.not_waiting(victim)  # reading a request: listed again when it waits again
         if patient and time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
             return False
         self.evicted += 1
@@ -658,34 +668,36 @@ class HttpServer:
         else:
             self._per_client.pop(client, None)
 
-    def waiting(self, connection: _Connection) -> None:
-        """The connection waits for a request head (moved to the end: the newest)."""
-        if connection not in self.connections:
+    def waiting(self, connection: _Connection, now: float) -> None:
+        """The connection waits for a request head since ``now`` (listed last: the newest)."""
+        if connection.closing:
             return
-        now = time.monotonic()
-        self._waiting.pop(connection, None)
-        self._waiting[connection] = now
-        mine = self._waiting_by_client.setdefault(connection.client, {})
-        mine.pop(connection, None)
+        mine = self._waiting_by_client.get(connection.client)
+        if mine is None:
+            mine = self._waiting_by_client[connection.client] = {}
+        else:
+            mine.pop(connection, None)
         mine[connection] = now
 
     def not_waiting(self, connection: _Connection) -> None:
-        if self._waiting.pop(connection, None) is not None:
-            mine = self._waiting_by_client.get(connection.client)
-            if mine is not None:
-                mine.pop(connection, None)
-                if not mine:
-                    del self._waiting_by_client[connection.client]
+        connection.wait_since = -math.inf  # listed again as soon as it waits again
+        mine = self._waiting_by_client.get(connection.client)
+        if mine is not None and mine.pop(connection, None) is not None and not mine:
+            del self._waiting_by_client[connection.client]
 
     # -- requests: Host and token ----------------------------------------------------------------
 
     def screen(self, request: Request) -> Reply | None:
         """The refusal of a request whose ``Host`` is not served here (421) or that lacks the
         bearer token (401; ``GET /health`` needs none), or None."""
-        why = self._hosts.refusal(request.headers.get("host"))
-        if why is not None:
-            self.note("host", f"refused a request for another host: {why}")
-            return plain(421, why)
+        hosts = self._hosts
+        if not hosts.any:
+            host = request.headers.get("host")
+            if host not in hosts.accepted:
+                why = hosts.refusal(host)
+                if why is not None:
+                    self.note("host", f"refused a request for another host: {why}")
+                    return plain(421, why)
         token = self.options.token
         if token is None or (request.path == "/health" and request.method in ("GET", "HEAD")):
             return None
