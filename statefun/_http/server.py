@@ -588,6 +588,7 @@ class HttpServer:
         if mine >= options.max_connections_per_client and not self._evict(client, patient=True):
             return False
         if len(self.connections) >= options.max_connections:
+            mine = self._per_client.get(client, 0)
             heaviest = max(self._per_client.items(), key=lambda item: item[1])[0]
             if heaviest == client or self._per_client[heaviest] < mine + 2:
                 if not self._evict(client, patient=True):
@@ -595,7 +596,7 @@ class HttpServer:
             elif not self._evict(heaviest, patient=False):
                 return False
         self.connections.add(connection)
-        self._per_client[client] = mine + 1
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         connection.wait_since = now = time.monotonic()
         self.waiting(connection, now)
         return True

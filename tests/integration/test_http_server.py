@@ -650,6 +650,81 @@ async def test_connections_past_the_limit_get_503_and_are_closed() -> None:
         await server.close(1.0)
 
 
+class _Fixed:
+    max_body_bytes = 1024
+
+    def check(self, request: object) -> None:
+        return None
+
+    def handle(self, request: object, body: bytes) -> Reply:
+        from statefun._http.server import Reply as ServerReply
+
+        return ServerReply(200, "text/plain", b"ok")  # type: ignore[return-value]
+
+    def too_large(self, length: int | None) -> Reply:
+        raise AssertionError("no body is that large here")
+
+
+async def open_from(port: int, source: str) -> Connection:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), DEADLINE
+    )
+    return Connection(reader, writer)
+
+
+GET = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+async def test_at_the_per_client_cap_the_longest_waiting_connection_makes_room() -> None:
+    from statefun._http.server import HttpServer
+
+    server = HttpServer(
+        _Fixed(), options=ServerOptions(max_connections_per_client=2, head_timeout=2.0)
+    )
+    port = await server.start("127.0.0.1", 0)
+    try:
+        first = await open_from(port, "127.0.0.1")
+        assert (await first.ask(GET)).status == 200
+        second = await open_from(port, "127.0.0.1")
+        too_soon = await open_from(port, "127.0.0.1")  # the others waited less than 1 s
+        refused = await read_reply(too_soon.reader)
+        assert (refused.status, refused.headers["retry-after"]) == (503, "1") and refused.closes
+        await asyncio.sleep(1.1)
+        third = await open_from(port, "127.0.0.1")
+        assert (await third.ask(GET)).status == 200
+        # the one that waited longest got the 503; the other one still works
+        evicted = await read_reply(first.reader)
+        assert evicted.status == 503 and evicted.closes
+        assert (await second.ask(GET)).status == 200
+        assert server.evicted == 1 and server.refused == 1
+        for connection in (first, second, too_soon, third):
+            await connection.__aexit__()
+    finally:
+        await server.close(1.0)
+
+
+async def test_at_the_cap_in_all_the_busiest_client_makes_room() -> None:
+    from statefun._http.server import HttpServer
+
+    server = HttpServer(_Fixed(), options=ServerOptions(max_connections=4))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        crowd = [await open_from(port, "127.0.0.1") for _ in range(4)]
+        await asyncio.sleep(0.05)
+        # another address gets in at once: the busiest client's longest-waiting one goes
+        other = await open_from(port, "127.0.0.2")
+        assert (await other.ask(GET)).status == 200
+        assert (await read_reply(crowd[0].reader)).status == 503
+        # the busiest client itself, with nothing that waited long: refused
+        again = await open_from(port, "127.0.0.1")
+        assert (await read_reply(again.reader)).status == 503
+        assert (await crowd[1].ask(GET)).status == 200
+        for connection in (*crowd, other, again):
+            await connection.__aexit__()
+    finally:
+        await server.close(1.0)
+
+
 async def test_a_client_that_does_not_read_stops_being_read(server: RunningServer) -> None:
     # A small receive buffer, set before connecting, so the kernel holds few replies.
     sock = socket.socket()
