@@ -90,6 +90,16 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def count_at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def load_object(target: str) -> Any:
     """The object named by ``package.module:attribute`` or ``file.py:attribute``."""
     from statefun._imports import ImportTargetError
@@ -165,14 +175,14 @@ def _serve_defence_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-connections",
-        type=int,
+        type=count_at_least_one,
         default=None,
         metavar="N",
         help="open connections in all (default: 1024)",
     )
     parser.add_argument(
         "--max-connections-per-client",
-        type=int,
+        type=count_at_least_one,
         default=None,
         metavar="N",
         help="open connections from one client address (default: 512)",
