@@ -56,7 +56,8 @@ class Target:
 
     origin: tuple[str, str, int | str]  # (scheme, host, port) or (scheme, "", socket path)
     tls: bool
-    head: bytes  # the request line and headers, up to "Content-Length: "
+    #: the request line and headers, up to "Content-Length: " (not in repr: may hold a token)
+    head: bytes = field(repr=False)
     context: ssl.SSLContext | None = None  # TLS settings (None: the system's trust store)
     ttl: float = 0.0  # seconds a connection may be reused; 0: no limit
     #: what pooled connections are shared by: the origin and the TLS settings (set once)
