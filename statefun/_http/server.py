@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 import time
 from collections.abc import Coroutine
 from email.utils import formatdate
@@ -232,6 +233,8 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.refused = False  # over a cap: answered 503, closing
         self.lingering = False  # refused and waiting a moment for the client to read that
+        self.handshaking = False  # TLS handshake in progress
+        self.handshake: asyncio.Task[None] | None = None
         self.eof = False
         self.write_paused = False
         self.discard = 0  # bytes of a rejected body still to drop
@@ -244,8 +247,44 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self.server.admit(self):
-            self.server.refuse(self, transport)
+        server = self.server
+        if not server.admit(self):
+            server.refuse(self, transport)
+            return
+        if server.options.tls is not None:
+            # TLS starts only now, so that a connection counts towards the caps (and its
+            # head deadline runs) from the moment it is accepted, handshake included.
+            self.handshaking = True
+            self.handshake = asyncio.get_running_loop().create_task(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        options = self.server.options
+        assert options.tls is not None
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport,
+                self,
+                options.tls,
+                server_side=True,
+                ssl_handshake_timeout=options.head_timeout,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            self.server.note("tls", f"TLS handshake with {self._peer()} failed: {why}")
+            self.closing = True
+            self.server.forget(self)
+            transport.abort()
+            return
+        if secure is None or self.closing:
+            if secure is not None:
+                secure.abort()
+            self.server.forget(self)
+            return
+        # What came meanwhile waited in the buffer: replies must go through ``secure``.
+        self.transport = secure
+        self.handshaking = False
+        if self.buffer:
+            self._process()
 
     def pause_writing(self) -> None:
         # The client does not read its replies: stop reading its requests until it does.
@@ -280,7 +319,7 @@ class _Connection(asyncio.Protocol):
             self.discard -= dropped
             data = data[dropped:]
         self.buffer += data
-        if self.busy is None:
+        if self.busy is None and not self.handshaking:
             self._process()
 
     def eof_received(self) -> bool | None:
@@ -485,9 +524,12 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def evict(self) -> None:
-        """Closed to make room (it waits for a request head): a 503, then closed."""
+        """Closed to make room (it waits for a request head): a 503, then closed (during a
+        TLS handshake: just closed)."""
         self.buffer.clear()
-        if self.transport is not None and not self.transport.is_closing():
+        if self.handshaking:
+            self.abort()
+        elif self.transport is not None and not self.transport.is_closing():
             self.server.send_busy(self, self.transport)
 
     def time_out(self, reason: str) -> None:
@@ -558,13 +600,7 @@ class HttpServer:
         )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self),
-            host,
-            port,
-            backlog=1024,
-            reuse_address=True,
-            ssl=options.tls,
-            ssl_handshake_timeout=options.head_timeout if options.tls is not None else None,
+            lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
         )
         self._sweeper = loop.create_task(self._sweep())
         bound: int = self._server.sockets[0].getsockname()[1]
@@ -621,9 +657,14 @@ class HttpServer:
         return True
 
     def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
-        """Answer a connection over a cap with a 503 and close it."""
+        """Answer a connection over a cap with a 503 and close it (with TLS, before the
+        handshake: just close it)."""
         self.refused += 1
         self.note("refuse", f"refused connections over the caps ({self._caps()})")
+        if self.options.tls is not None:
+            connection.refused = connection.closing = True
+            transport.abort()
+            return
         self.send_busy(connection, transport)
 
     def send_busy(self, connection: _Connection, transport: asyncio.Transport) -> None:

@@ -3,6 +3,7 @@ and TLS settings of its module.yaml endpoint: real processes on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -218,3 +219,36 @@ async def test_listening_beyond_loopback_without_tls_and_token_is_warned(
     if warned:
         assert "beyond this machine" in warnings[0]
         assert TOKEN not in warnings[0]
+
+
+async def test_tls_connections_count_and_are_timed_from_the_accept(pki: dict[str, Path]) -> None:
+    """A connection that never starts its TLS handshake holds a slot only until the head
+    deadline; it counts towards the caps meanwhile."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(pki["server_cert"]), str(pki["server_key"]))
+    options = ServerOptions(tls=context, head_timeout=0.5, max_connections_per_client=2)
+    server = HttpServer(_Fixed(), options=options, name="test")
+    port = await server.start("127.0.0.1", 0)
+    client = ssl.create_default_context(cafile=str(pki["ca_cert"]))
+    try:
+        opened = time.monotonic()
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        assert len(server.connections) == 2
+        with pytest.raises((ssl.SSLError, ConnectionError)):  # no room, the others are new
+            await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client, server_hostname="localhost"
+            )
+        for reader, writer in silent:
+            assert await asyncio.wait_for(reader.read(), HANG) == b""
+            writer.close()
+        assert 0.45 < time.monotonic() - opened < HANG
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname="localhost"
+        )
+        writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANG)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.close()
+    finally:
+        await server.close(1.0)
