@@ -8,11 +8,15 @@ functions in their own app; both answer through the same ``Endpoint``.
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, request bodies framed by ``Content-Length`` or
 ``Transfer-Encoding: chunked``, ``Expect: 100-continue``, pipelined requests (answered in
-order). Bounds: the request head (64 KiB), the body (``max_body_bytes``: 413), open
-connections (``max_connections``; more are closed at once), replies a client does not read
-(past asyncio's write buffer limit the connection stops reading requests), idle connections
-(closed after ``keepalive_timeout``) and requests that stall half-sent (closed after the
-same time). A request it cannot parse gets a 400 and the connection is closed.
+order), TLS (started by the server once a connection is admitted). Bounds and guards, set by
+``defences.ServerOptions`` (docs/architecture.md, "HTTP server defences"): the request head
+(64 KiB, and complete within ``head_timeout`` however slowly its bytes trickle in: 408), the
+body (``max_body_bytes``: 413; within ``body_timeout`` plus one second per ``min_body_rate``
+bytes: 408), open connections (in all and per client address; at a cap the longest-waiting
+connection of the right client makes room, else the new one gets a 503), replies a client
+does not read (past asyncio's write buffer limit the connection stops reading requests), idle
+connections (closed after ``keepalive_timeout``), the ``Host`` allow-list (421) and a bearer
+token (401). A request it cannot parse gets a 400 and the connection is closed.
 
 Requests to ``def`` functions run inline, in the protocol's callback; ``async def`` functions
 run in a task each, and the connection reads no further request meanwhile.
