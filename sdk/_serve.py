@@ -10,7 +10,8 @@ application instead, for mounting the functions in an aiohttp app of one's own. 
 The built-in server defends itself (``statefun._http.defences.ServerOptions``: deadlines for
 request heads and bodies, connection caps, a ``Host`` allow-list) and can require a bearer
 token (``token``: 401 without it; ``GET /health`` needs none) and speak TLS (``tls``, an
-``ssl.SSLContext``; ``server_tls_context`` builds one from PEM files).
+``ssl.SSLContext``; ``statefun._http.defences.server_tls_context`` builds one from PEM
+files).
 """
 
 from __future__ import annotations
