@@ -36,6 +36,7 @@ from typing import Any, NamedTuple, Protocol
 
 from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
 from statefun._http.defences import HostCheck, ServerOptions, token_matches, warn_if_exposed
+from statefun._http.slots import Slots
 
 __all__ = [
     "Application",
@@ -335,6 +336,9 @@ class _Connection(asyncio.Protocol):
 
     # -- requests -------------------------------------------------------------------------
 
+    def waits_for_head(self) -> bool:
+        return self.phase == _HEAD and not self.closing
+
     def idle(self) -> bool:
         return self.busy is None and self.request is None and not self.buffer
 
@@ -369,7 +373,7 @@ class _Connection(asyncio.Protocol):
         self.head_start = now if self.buffer else None
         if now - self.wait_since > _REORDER:  # a busy connection is not moved every time
             self.wait_since = now
-            self.server.waiting(self, now)
+            self.server.slots.waiting(self, now)
 
     def _head_read(self) -> None:
         # (it stays listed as waiting: ``HttpServer._evict`` skips it while it is not)
@@ -499,7 +503,7 @@ class _Connection(asyncio.Protocol):
         if keep_alive:
             self._waiting_for_head()
             return
-        self.server.not_waiting(self)  # closing: no longer one to close to make room
+        self.server.slots.not_waiting(self)  # closing: not one to close to make room
         if not linger:
             self._close()
             return
@@ -573,13 +577,13 @@ class HttpServer:
         )
         self.refused = 0  # connections refused over a cap
         self.evicted = 0  # waiting connections closed to make room for new ones
-        self.connections: set[_Connection] = set()
+        self.slots: Slots[_Connection] = Slots(
+            self.options.max_connections,
+            self.options.max_connections_per_client,
+            min(1.0, self.options.head_timeout / 2),
+        )
+        self.connections = self.slots.connections  # open and counted in
         self.shutting_down = False
-        self._per_client: dict[str, int] = {}
-        # Per client, its connections waiting for a request head (or idle), oldest first,
-        # with since when: those are closed first when a cap is reached. A connection stays
-        # listed while it reads a request; the order is at most ``_REORDER`` seconds stale.
-        self._waiting_by_client: dict[str, dict[_Connection, float]] = {}
         self._lingering = 0
         self._busy_bytes = b""
         self._hosts = HostCheck(self.options.allowed_hosts, "127.0.0.1")
@@ -613,51 +617,15 @@ class HttpServer:
     # -- connections: caps, eviction, the 503 --------------------------------------------------
 
     def admit(self, connection: _Connection) -> bool:
-        """Count a new connection in, making room if a cap is reached; False if there is no
-        room (the caller refuses it).
-
-        At the per-client cap, the client's own connection that has waited longest for a
-        request head goes (if it has waited a moment: a burst is refused, not churned). At
-        the cap in all, the client with the most connections pays: its longest-waiting
-        connection goes if it holds at least two more than the newcomer's client (so a few
-        addresses holding every slot do not lock out the others), or the newcomer's own if
-        that is the busiest. Cost: O(1), plus one pass over the clients at the cap in all."""
-        options = self.options
-        client = connection.client
-        mine = self._per_client.get(client, 0)
-        if mine >= options.max_connections_per_client and not self._evict(client, patient=True):
+        """Count a new connection in, closing others to make room at a cap (see ``slots``);
+        False if there is no room (the caller refuses it)."""
+        victims = self.slots.admit(connection, time.monotonic())
+        if victims is None:
             return False
-        if len(self.connections) >= options.max_connections:
-            mine = self._per_client.get(client, 0)
-            heaviest = max(self._per_client.items(), key=lambda item: item[1])[0]
-            if heaviest == client or self._per_client[heaviest] < mine + 2:
-                if not self._evict(client, patient=True):
-                    return False
-            elif not self._evict(heaviest, patient=False):
-                return False
-        self.connections.add(connection)
-        self._per_client[client] = self._per_client.get(client, 0) + 1
-        connection.wait_since = now = time.monotonic()
-        self.waiting(connection, now)
-        return True
-
-    def _evict(self, client: str, *, patient: bool) -> bool:
-        """Close ``client``'s connection that has waited longest for a request head (with
-        ``patient``, only if that is at least a moment); whether one was closed."""
-        waiting = self._waiting_by_client.get(client)
-        while True:
-            if not waiting:
-                return False
-            victim, since = next(iter(waiting.items()))
-            if victim.phase == _HEAD and not victim.closing:
-                break
-            self.not_waiting(victim)  # reading a request: listed again when it waits again
-        if patient and time.monotonic() - since < min(1.0, self.options.head_timeout / 2):
-            return False
-        self.evicted += 1
-        self.note("evict", f"closed waiting connections to make room (caps: {self._caps()})")
-        self.forget(victim)
-        victim.evict()
+        for victim in victims:
+            self.evicted += 1
+            self.note("evict", f"closed waiting connections to make room ({self._caps()})")
+            victim.evict()
         return True
 
     def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
@@ -703,33 +671,7 @@ class HttpServer:
         if connection.lingering:
             connection.lingering = False
             self._lingering -= 1
-        if connection not in self.connections:
-            return
-        self.connections.discard(connection)
-        self.not_waiting(connection)
-        client = connection.client
-        left = self._per_client.get(client, 1) - 1
-        if left:
-            self._per_client[client] = left
-        else:
-            self._per_client.pop(client, None)
-
-    def waiting(self, connection: _Connection, now: float) -> None:
-        """The connection waits for a request head since ``now`` (listed last: the newest)."""
-        if connection.closing:
-            return
-        mine = self._waiting_by_client.get(connection.client)
-        if mine is None:
-            mine = self._waiting_by_client[connection.client] = {}
-        else:
-            mine.pop(connection, None)
-        mine[connection] = now
-
-    def not_waiting(self, connection: _Connection) -> None:
-        connection.wait_since = -math.inf  # listed again as soon as it waits again
-        mine = self._waiting_by_client.get(connection.client)
-        if mine is not None and mine.pop(connection, None) is not None and not mine:
-            del self._waiting_by_client[connection.client]
+        self.slots.forget(connection)
 
     # -- requests: Host and token ----------------------------------------------------------------
 
