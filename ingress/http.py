@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from statefun._http.server import HttpServer, Reply, Request, media_type, plain
+from statefun._http.server import HttpServer, Reply, Request, ServerOptions, media_type, plain
 from statefun.ingress._idempotency import HEADER_KEY, IdempotentRequests
 from statefun.ingress._keystore import Entry
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
@@ -77,8 +77,11 @@ class HttpSource(Source):
         idempotency_retention_s: float = 86_400.0,
         idempotency_max_keys: int = 1_000_000,
         idempotency_max_reply_bytes: int = 256 << 20,
+        server_options: ServerOptions | None = None,
     ) -> None:
         super().__init__(ingress_id)
+        #: the server's limits, Host allow-list, bearer token and TLS (``_http.defences``)
+        self.server_options = server_options or ServerOptions()
         self.wal = WriteAheadLog(wal_dir, retained=wal_retained) if wal_dir is not None else None
         #: whether /call messages go through the WAL too. Not when replies are held until a
         #: checkpoint: the reply is then the acknowledgement, sent only once a checkpoint
@@ -119,9 +122,11 @@ class HttpSource(Source):
                 lambda: ([r for r in wal.read_after(0) if len(r) > 7], keys.read_log())
             )
             keys.load(logged, keyed, self.position)  # on the loop: restored calls' futures
-        self._server = HttpServer(self)
+        self._server = HttpServer(
+            self, options=self.server_options, name=f"HTTP ingress {self.ingress_id}"
+        )
         self.port = await self._server.start(self.host, self.port)
-        log.info("ingress %s listening on http://%s:%d", self.ingress_id, self.host, self.port)
+        log.info("ingress %s listening on %s", self.ingress_id, self.url)
 
     async def run(self, context: IngressContext) -> None:
         if self.wal is not None:
@@ -245,7 +250,8 @@ class HttpSource(Source):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.server_options.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     # -- requests (the built-in HTTP server's Application) ---------------------------------
 

@@ -128,6 +128,16 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def count_at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def load_object(target: str) -> Any:
     """The object named by ``package.module:attribute`` or ``file.py:attribute``."""
     from statefun._imports import ImportTargetError
@@ -171,6 +181,84 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may still run (default: 30)",
     )
+    _serve_defence_arguments(parser)
+
+
+def _serve_defence_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="require 'Authorization: Bearer TOKEN' on every request but GET /health (else "
+        "401); prefer --token-file or the environment variable STATEFUN_SERVE_TOKEN, which "
+        "other users of the machine cannot read off the process list",
+    )
+    parser.add_argument(
+        "--token-file", default=None, metavar="PATH", help="read the bearer token from a file"
+    )
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS: certificate")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's key")
+    parser.add_argument(
+        "--tls-client-ca",
+        default=None,
+        metavar="PEM",
+        help="require client certificates signed by a CA in this file (mutual TLS)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a Host name requests may carry (repeatable; '*': any). Default: loopback names "
+        "when bound to a loopback address, any name otherwise",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=count_at_least_one,
+        default=None,
+        metavar="N",
+        help="open connections in all (default: 1024)",
+    )
+    parser.add_argument(
+        "--max-connections-per-client",
+        type=count_at_least_one,
+        default=None,
+        metavar="N",
+        help="open connections from one client address (default: 512)",
+    )
+
+
+def _serve_defences(args: argparse.Namespace) -> dict[str, Any]:
+    """The token, TLS context and server options the serve flags ask for."""
+    import os
+
+    from statefun._http.defences import ServerOptions, read_token, server_tls_context
+
+    options: dict[str, Any] = {}
+    try:
+        if args.token is not None and args.token_file is not None:
+            raise ValueError("--token and --token-file: give one")
+        if args.token_file is not None:
+            options["token"] = read_token(file=args.token_file, where="--token-file")
+        elif args.token is not None or os.environ.get("STATEFUN_SERVE_TOKEN"):
+            token = args.token if args.token is not None else os.environ["STATEFUN_SERVE_TOKEN"]
+            options["token"] = token.strip()
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if args.tls_client_ca is not None and args.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if args.tls_cert is not None:
+            options["tls"] = server_tls_context(
+                args.tls_cert, args.tls_key, args.tls_client_ca, where="serve"
+            )
+        options["options"] = ServerOptions().with_(
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
+            token=options.get("token"),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -190,6 +278,7 @@ def _serve(args: argparse.Namespace) -> int:
         options["max_body_bytes"] = args.max_body_size
     if args.shutdown_timeout is not None:
         options["shutdown_timeout"] = args.shutdown_timeout
+    options.update(_serve_defences(args))
     try:
         _serve.serve(target, args.host, args.port, args.path, **options)
     except OSError as exc:

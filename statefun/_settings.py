@@ -181,6 +181,60 @@ class Settings:
             "it the oldest keys are forgotten first"
         ),
     )
+    admin_savepoint_min_interval_ms: int = field(
+        default=1_000,
+        metadata=_doc(
+            "the admin server takes at most one savepoint per this interval (and one at a "
+            "time); more requests get 429 with Retry-After"
+        ),
+    )
+    http_head_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "HTTP servers of the runtime (ingress, admin): a request head must be complete "
+            "this long after the connection opened or its first byte came; bytes trickling in "
+            "do not extend it (408 and close)"
+        ),
+    )
+    http_body_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "HTTP servers: a request body may take this long plus one second per "
+            "http_min_body_rate bytes received (408 and close)"
+        ),
+    )
+    http_min_body_rate: int = field(
+        default=1_024,
+        metadata=_doc("HTTP servers: the slowest body accepted, in bytes per second"),
+    )
+    http_keepalive_timeout_ms: int = field(
+        default=75_000,
+        metadata=_doc("HTTP servers: an idle kept-alive connection is closed after this long"),
+    )
+    http_max_connections: int = field(
+        default=1_024,
+        metadata=_doc(
+            "HTTP servers: open connections in all; at the cap, the connection that has waited "
+            "longest for a request head is closed to make room, or (none waiting) the new one "
+            "gets 503 with Retry-After"
+        ),
+    )
+    http_max_connections_per_client: int = field(
+        default=512,
+        metadata=_doc(
+            "HTTP servers: open connections from one client address (as http_max_connections); "
+            "raise it behind a proxy, whose connections all come from one address"
+        ),
+    )
+    http_allowed_hosts: str = field(
+        default="",
+        metadata=_doc(
+            "HTTP servers: comma-separated Host names requests may carry (any port; '*': any); "
+            "empty: localhost, 127.0.0.1 and [::1] when bound to a loopback address, any name "
+            "otherwise. Other names get 421 (DNS rebinding defence). An HTTP ingress's "
+            "allowedHosts wins over this"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.parallelism < 1:
@@ -210,9 +264,17 @@ class Settings:
             "http_idempotency_retention_s",
             "http_idempotency_max_keys",
             "http_idempotency_max_reply_bytes",
+            "http_head_timeout_ms",
+            "http_body_timeout_ms",
+            "http_min_body_rate",
+            "http_keepalive_timeout_ms",
+            "http_max_connections",
+            "http_max_connections_per_client",
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.admin_savepoint_min_interval_ms < 0:
+            raise ConfigurationError("admin_savepoint_min_interval_ms must be at least 0")
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
             ("restart_strategy", ("none", "fixed-delay", "exponential")),

@@ -14,6 +14,7 @@ import difflib
 import logging
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -23,6 +24,12 @@ import yaml
 
 from statefun._exceptions import ModuleError
 from statefun.module._durations import DURATION_EXAMPLE, format_duration, parse_duration
+from statefun.module._http_options import (
+    endpoint_headers,
+    ingress_allowed_hosts,
+    ingress_tls,
+    ingress_token,
+)
 from statefun.module._specs import (
     ASYNC_TRANSPORT,
     OKHTTP_TRANSPORT,
@@ -281,12 +288,13 @@ def _transport(fields: _Fields | None) -> TransportSpec:
 
 
 def _http_endpoint_v2(spec: _Fields) -> HttpEndpointSpec:
-    transport = spec.mapping("transport", None)
+    transport = _transport(spec.mapping("transport", None))
+    headers = endpoint_headers(spec)
     return HttpEndpointSpec(
         functions=_functions(spec),
         url_path_template=_url_template(spec),
         max_num_batch_requests=spec.integer("maxNumBatchRequests", 1000),
-        transport=_transport(transport),
+        transport=replace(transport, headers=headers) if headers else transport,
         source=spec.doc.source,
     )
 
@@ -525,6 +533,9 @@ def _http_ingress(spec: _Fields) -> HttpIngressSpec:
         reply_timeout=spec.duration("replyTimeout", timedelta(seconds=30)),
         max_pending=spec.integer("maxPending", 10_000),
         source=spec.doc.source,
+        allowed_hosts=ingress_allowed_hosts(spec),
+        token=ingress_token(spec),
+        tls=ingress_tls(spec),
     )
 
 

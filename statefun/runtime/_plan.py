@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from statefun._exceptions import ConfigurationError
+from statefun._http.defences import ServerOptions, server_tls_context
 from statefun._keygroups import key_group_range
 from statefun._settings import Settings
 from statefun.checkpoint.storage import storage_path
@@ -194,6 +196,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     idempotency_retention_s=settings.http_idempotency_retention_s,
                     idempotency_max_keys=settings.http_idempotency_max_keys,
                     idempotency_max_reply_bytes=settings.http_idempotency_max_reply_bytes,
+                    server_options=_ingress_server_options(settings, ingress),
                 )
             )
         elif isinstance(ingress, FileIngressSpec):
@@ -202,3 +205,15 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
             sources.append(KafkaSource.from_spec(ingress))
     job.sources = sources
     return job
+
+
+def _ingress_server_options(settings: Settings, ingress: HttpIngressSpec) -> ServerOptions:
+    """The ``http_*`` settings with the ingress's own Host allow-list, token and TLS."""
+    where = f"{ingress.source}: spec.tls"
+    try:
+        tls = None if ingress.tls is None else server_tls_context(*ingress.tls, where=where)
+    except ValueError as exc:  # the files changed since the module was loaded
+        raise ConfigurationError(str(exc)) from None
+    return ServerOptions.from_settings(
+        settings, allowed_hosts=ingress.allowed_hosts, token=ingress.token, tls=tls
+    )

@@ -180,7 +180,9 @@ class RemoteClient:
             return plan
         try:
             context = tls_context(transport) if url.lower().startswith("https") else None
-            target = parse_target(url, context, transport.pool_ttl.total_seconds())
+            target = parse_target(
+                url, context, transport.pool_ttl.total_seconds(), transport.headers
+            )
         except (ValueError, OSError, ssl.SSLError) as exc:
             raise TerminalFunctionError(f"function {typename}: {exc}") from None
         plan = self._plans[(url, id(transport))] = _Plan(

@@ -328,7 +328,9 @@ async def test_a_call_in_flight_at_a_checkpoint_is_answered_after_a_crash(
 
 async def test_keys_outlive_the_wal_segments_that_held_them(tmp_path: Path) -> None:
     """Trimmed WAL segments take their records along; the keys stay in the key log."""
-    job, source = idempotent_job(tmp_path, checkpoints=True, checkpoint_interval_ms=20)
+    job, source = idempotent_job(
+        tmp_path, checkpoints=True, checkpoint_interval_ms=20, source_options={"wal_retained": 1}
+    )
     assert source.wal is not None
     source.wal.segment_bytes = 1  # a segment per group: trimming deletes them all but one
     running, url = await started(job, source)
