@@ -5,7 +5,7 @@
   message's caller is ``pystatefun.http/reply:<request id>``, and whatever the function sends
   to its caller (``context.send(message_builder(context.caller.typename, context.caller.id,
   ...))``) is the response body, typed by the ``X-Statefun-Typename`` header. 504 after the
-  reply timeout.
+  reply timeout; 422 with the reason at once if the message goes to the dead letters.
 * ``GET /health``.
 
 The value's type: a ``typename`` query parameter or an ``X-Statefun-Typename`` header names
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from statefun._exceptions import UndeliverableError
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
@@ -316,6 +317,8 @@ class HttpSource(Source):
                 reply = await asyncio.wait_for(future, self.reply_timeout_s)
             except TimeoutError:
                 return plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+            except UndeliverableError as exc:  # the message went to the dead letters
+                return plain(422, f"{typename}/{id_}: {exc}")
         except _Refused as exc:
             return exc.reply
         finally:

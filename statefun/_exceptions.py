@@ -16,6 +16,10 @@ The tree::
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
+    │       └── UndeliverableError     the input cannot be delivered, whatever the policy: it
+    │           │                      goes to the dead letters and the job goes on
+    │           ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
+    │           └── StateWriteRejectedError a state write whose type is not its spec's
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
@@ -27,6 +31,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "FunctionInvocationError",
+    "FunctionNotFoundError",
     "InvalidFunctionError",
     "InvalidSpecError",
     "InvalidTypeNameError",
@@ -37,8 +42,10 @@ __all__ = [
     "ProtocolError",
     "RetryableFunctionError",
     "StateTypeMismatchError",
+    "StateWriteRejectedError",
     "StatefunError",
     "TerminalFunctionError",
+    "UndeliverableError",
     "UnknownFunctionError",
 ]
 
@@ -109,6 +116,19 @@ class TerminalFunctionError(FunctionInvocationError):
     """A failure that retrying cannot fix (the function rejects the input, bad response...)."""
 
     retryable = False
+
+
+class UndeliverableError(TerminalFunctionError):
+    """Messages that cannot be delivered: the problem is the input's, not the job's. They go to
+    the dead letters whatever ``remote_failure_policy`` says, and the job goes on."""
+
+
+class FunctionNotFoundError(UndeliverableError):
+    """The endpoint answered that it has no such function (HTTP 404 or 410)."""
+
+
+class StateWriteRejectedError(UndeliverableError):
+    """A function wrote a state value whose type is not the type its spec registered."""
 
 
 class JobFailedError(StatefunError):

@@ -13,7 +13,11 @@ address's mailbox (the order is the same: nothing waits before it).
 
 The results of an invocation are applied in one loop step: state, then outgoing messages
 through the feedback channel (back to keyBy), delayed messages and cancellations to the timer
-service, egress records to the sinks. A failed batch changes nothing. When a remote address
+service, egress records to the sinks. A failed batch changes nothing; a result that writes a
+state with another type than its spec's is refused whole (``StateWriteRejectedError``: the
+batch goes to the dead letters), and a stored value of another type (from before, or after a
+spec changed type) is moved out of the state to the dead letters before the address's next
+call, so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from statefun._exceptions import (
     FunctionInvocationError,
     MalformedResponseError,
+    StateWriteRejectedError,
     TerminalFunctionError,
 )
 from statefun.runtime._envelope import Envelope
@@ -340,6 +345,8 @@ class Dispatcher:
                             # (in the same step as taking it from the mailbox).
                             mailbox = self.busy[key]
                             room = function.max_batch - len(batch)
+                            if job.isolated:
+                                room = self._isolated_room(batch, mailbox, room)
                             while mailbox and room > 0:
                                 batch.append(mailbox.popleft())
                                 room -= 1
@@ -357,11 +364,15 @@ class Dispatcher:
                         await self._call_embedded_async(function, key, key_group, batch)
                         release(len(batch))
                 except FunctionInvocationError as exc:
-                    job.on_failure(function.typename, batch, exc)
-                    release(len(batch))
+                    again = job.on_failure(function.typename, batch, exc)
+                    self._put_back(key, again)
+                    release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
-                    job.on_failure(function.typename, batch, TerminalFunctionError(str(exc)))
-                    release(len(batch))
+                    again = job.on_failure(
+                        function.typename, batch, TerminalFunctionError(str(exc))
+                    )
+                    self._put_back(key, again)
+                    release(len(batch) - len(again))
                 mailbox = self.busy[key]
                 if not mailbox:
                     if held is not None:
@@ -369,6 +380,8 @@ class Dispatcher:
                         held = None
                     return
                 size = min(len(mailbox), job.batch_limit(function.typename))
+                if job.isolated:
+                    size = self._isolated_room([], mailbox, size)
                 batch = [mailbox.popleft() for _ in range(size)]
                 job.mailbox_taken(key, len(mailbox))
         except asyncio.CancelledError:
@@ -381,6 +394,33 @@ class Dispatcher:
             self.in_flight.pop(key, None)
             self._encode_ahead.pop(key, None)
             job.mailbox_taken(key, 0)
+
+    def _isolated_room(self, batch: list[Envelope], mailbox: deque[Envelope], room: int) -> int:
+        """How many messages from the head of ``mailbox`` may join ``batch`` (at most
+        ``room``) while a quarantine looks for the message behind a failure: a message it
+        suspects travels alone (see Job.on_failure)."""
+        isolated = self.job.isolated
+        if batch:
+            if batch[0] in isolated:
+                isolated.discard(batch[0])
+                return 0
+            allowed = 0
+        else:
+            if mailbox and mailbox[0] in isolated:
+                isolated.discard(mailbox[0])
+                return 1
+            allowed = 0
+        for envelope in mailbox:
+            if allowed >= room or envelope in isolated:
+                break
+            allowed += 1
+        return allowed
+
+    def _put_back(self, key: AddressKey, envelopes: list[Envelope]) -> None:
+        """Messages of a failed batch to send again (a quarantine took others out of it):
+        at the head of the address's mailbox, in order, still in flight."""
+        if envelopes:
+            self.busy[key].extendleft(reversed(envelopes))
 
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]
@@ -445,6 +485,8 @@ class Dispatcher:
             now = now_ms()
             stored = job.state.get(key_group, key)
             values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
+            if values and self._mistyped(function, values):
+                self._move_out_mistyped(function, key, key_group, values)
             states = [
                 (name, spec.typename, values.get(name)) for name, spec in function.specs.items()
             ]
@@ -464,6 +506,42 @@ class Dispatcher:
         raise TerminalFunctionError(
             f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
         )
+
+    @staticmethod
+    def _mistyped(function: RemoteFunction, values: dict[str, Any]) -> bool:
+        specs = function.specs
+        for name, value in values.items():
+            spec = specs.get(name)
+            if spec is not None and str(value.typename) != spec.typename:
+                return True
+        return False
+
+    def _move_out_mistyped(
+        self, function: RemoteFunction, key: AddressKey, key_group: int, values: dict[str, Any]
+    ) -> None:
+        """Stored values whose type is not their spec's (written before such writes were
+        refused, or the spec changed type): sent, they would fail every batch of the address.
+        Each goes to the dead letters (a record with ``state``: name, value and both types) and
+        out of the state, so the address works again; nothing is lost."""
+        job = self.job
+        stored = dict(job.state.get(key_group, key) or {})
+        for name, value in list(values.items()):
+            spec = function.specs.get(name)
+            if spec is None or str(value.typename) == spec.typename:
+                continue
+            job.dead_letter_record(
+                {
+                    "target": key[0],
+                    "id": key[1],
+                    "state": name,
+                    "reason": f"stored state {name!r} of {key[0]}/{key[1]} has type "
+                    f"{value.typename}, but its spec says {spec.typename}: moved out of the state",
+                },
+                value,
+            )
+            del values[name]
+            stored.pop(name, None)
+        job.state.put(key_group, key, stored)
 
     @staticmethod
     def _register_specs(function: RemoteFunction, incomplete: Any) -> None:
@@ -557,6 +635,13 @@ class Dispatcher:
                 )
             if mutation.mutation_type == _MODIFY:
                 tv = mutation.state_value
+                expected = function.specs[name].typename
+                if tv.typename != expected:
+                    raise StateWriteRejectedError(
+                        f"function {typename} wrote state {name!r} with type "
+                        f"{tv.typename or '(none)'}, but its spec says {expected}: the batch's "
+                        "effects are refused and the state is unchanged"
+                    )
                 values[name] = TypedValue(tv.typename, tv.value if tv.has_value else None)
             else:
                 values.pop(name, None)

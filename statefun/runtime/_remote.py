@@ -5,6 +5,9 @@ HTTP client of the runtime (``_http.HttpPool``): connect and read timeouts per a
 call timeout over all attempts, retries with exponential backoff and jitter until the call
 timeout, then a RetryableFunctionError (or a TerminalFunctionError at once when retrying
 cannot help: a 4xx other than 408/429, an oversized response, a URL that cannot be called).
+A 404 or 410 says the endpoint has no such function: a FunctionNotFoundError, which sends the
+batch to the dead letters whatever the failure policy (a message to a type no one serves is
+the sender's problem, not the job's).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, NamedTuple
 from google.protobuf.message import DecodeError
 
 from statefun._exceptions import (
+    FunctionNotFoundError,
     MalformedResponseError,
     RetryableFunctionError,
     TerminalFunctionError,
@@ -236,6 +240,8 @@ class RemoteClient:
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()
                 problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
+                if response.status in (404, 410):  # no such function there: the sender's problem
+                    raise FunctionNotFoundError(f"function {typename}: {problem}")
                 if 400 <= response.status < 500 and response.status not in (408, 429):
                     raise TerminalFunctionError(f"function {typename}: {problem}")
             except ResponseTooLarge as exc:

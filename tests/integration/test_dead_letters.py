@@ -1,0 +1,209 @@
+"""Bad input is the sender's problem, never the job's: dead letters, refused state writes,
+quarantine of a message that keeps failing the job, and request-reply calls that hear at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from statefun._exceptions import JobFailedError
+from statefun._keygroups import key_group_for
+from statefun._settings import Settings
+from statefun.module._specs import ModuleSpec, TransportSpec
+from statefun.runtime import Job
+from statefun.sdk import TypedValue
+from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.sdk._serve import start_server
+from statefun.state.memory import MemoryStateBackend
+from tests.integration.fns.shop import functions
+from tests.integration.test_runtime import (
+    ListSink,
+    ScriptSource,
+    embedded,
+    function_server,
+    remote,
+    run_job,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def dead_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_type_a_wildcard_endpoint_does_not_serve_is_a_dead_letter(tmp_path: Path) -> None:
+    """`functions: test/*`, and a message to test/typo: the function server answers 404; the
+    message goes to the dead letters (policy fail notwithstanding) and the job goes on."""
+    dead = tmp_path / "dead.jsonl"
+    async with await start_server(functions) as server:
+        values = await run_job(
+            ModuleSpec(endpoints=(remote(server.url),)),
+            [("test/typo", "x", "hi"), ("test/counter", "a", "x")],
+            dead_letter_path=str(dead),
+        )
+    assert values == ["a=1"]
+    (record,) = dead_records(dead)
+    assert (record["target"], record["id"], record["seq"]) == ("test/typo", "x", 1)
+    assert "HTTP 404" in record["reason"] and "no function is registered" in record["reason"]
+
+
+async def test_a_call_to_a_dead_lettered_message_hears_at_once(tmp_path: Path) -> None:
+    from statefun.ingress.http import HttpSource
+
+    async with await start_server(functions) as server:
+        job = Job(
+            ModuleSpec(endpoints=(remote(server.url),)),
+            Settings(dead_letter_path=str(tmp_path / "dead.jsonl")),
+            sinks=[ListSink()],
+        )
+        source = HttpSource("test/http", port=0, replies=job.replies, reply_timeout_s=30)
+        job.sources = [source]
+        running = asyncio.create_task(job.run())
+        try:
+            for _ in range(100):
+                if source.port:
+                    break
+                await asyncio.sleep(0.02)
+            headers = {"Content-Type": "text/plain"}
+            async with aiohttp.ClientSession() as http:
+                started = time.monotonic()
+                async with http.post(
+                    f"{source.url}/call/test/typo/x", data="hi", headers=headers
+                ) as r:
+                    text = await r.text()
+                    assert r.status == 422, text
+                assert time.monotonic() - started < 10  # not the 30 s reply timeout
+                assert "dead letter 1" in text and "HTTP 404" in text
+                assert "\n" not in text.strip()
+                async with http.post(
+                    f"{source.url}/call/test/counter/a", data="hi", headers=headers
+                ) as r:
+                    assert (r.status, await r.text()) == (200, "1")  # the job went on
+        finally:
+            job.stop()
+            await running
+
+
+def _rewrite_state_type(raw: bytes, typename: str) -> tuple[bytes, bool]:
+    """The answer with its state writes retyped; whether it had any."""
+    response = pb.FromFunction.FromString(raw)
+    mutations = response.invocation_result.state_mutations
+    for mutation in mutations:
+        mutation.state_value.typename = typename
+    return response.SerializeToString(), bool(mutations)
+
+
+async def test_a_state_write_of_another_type_is_refused_and_the_address_works_on(
+    tmp_path: Path,
+) -> None:
+    """The first answer writes `count` as a string although its spec says int: refused (the
+    message goes to the dead letters, the state stays as it was); the next messages count on."""
+    writes = 0
+
+    async def first_writes_a_string(
+        body: bytes, handle: Callable[[bytes], Awaitable[bytes]]
+    ) -> bytes:
+        nonlocal writes
+        raw = await handle(body)
+        retyped, wrote = _rewrite_state_type(raw, "io.statefun.types/string")
+        writes += wrote
+        return retyped if wrote and writes == 1 else raw
+
+    dead = tmp_path / "dead.jsonl"
+    async with function_server(first_writes_a_string) as url:
+        endpoint = remote(url, transport=TransportSpec(call=timedelta(seconds=3)))
+        values = await run_job(
+            ModuleSpec(endpoints=(endpoint,)),
+            [("test/counter", "a", "1"), ("sleep", 0.3), ("test/counter", "a", "2")],
+            dead_letter_path=str(dead),
+        )
+    assert values == ["a=1"]  # the refused write left no count behind
+    (record,) = dead_records(dead)
+    assert record["target"] == "test/counter" and "wrote state 'count'" in record["reason"]
+
+
+async def test_state_of_another_type_already_stored_is_moved_out(tmp_path: Path) -> None:
+    """A stored value whose type is not its spec's (from a checkpoint written before such
+    writes were refused) would fail every call to the address: it goes to the dead letters
+    (nothing lost) and out of the state, and the address works."""
+    dead = tmp_path / "dead.jsonl"
+    state = MemoryStateBackend()
+    settings = Settings(dead_letter_path=str(dead))
+    key_group = key_group_for("test/counter", "a", settings.max_parallelism)
+    state.put(key_group, ("test/counter", "a"), {"count": TypedValue("other/type", b"\x01\x02")})
+    async with await start_server(functions) as server:
+        endpoint = remote(server.url, transport=TransportSpec(call=timedelta(seconds=3)))
+        module = ModuleSpec(endpoints=(endpoint,))
+        # the spec is known from the first answer (IncompleteInvocationContext); the check
+        # runs before every call with the specs known then
+        sink = ListSink()
+        job = Job(
+            module,
+            settings,
+            sources=[ScriptSource([("test/counter", "a", "x"), ("test/counter", "a", "x")])],
+            sinks=[sink],
+            state=state,
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert sink.values == ["a=1", "a=2"]
+    (record,) = dead_records(dead)
+    assert record["state"] == "count" and record["type"] == "other/type"
+    assert record["value_base64"] == "AQI="
+
+
+async def test_a_message_that_keeps_failing_the_job_is_quarantined(tmp_path: Path) -> None:
+    """Under remote_failure_policy=fail a batch holding 'boom' fails the job each time; the
+    third time the same way, 'boom' goes to the dead letters and the other messages of its
+    batch are sent again without it: each takes effect once."""
+
+    async def boom_fails(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> Any:
+        from aiohttp import web
+
+        await asyncio.sleep(0.02)  # messages pile up into one batch meanwhile
+        if b"boom" in body:
+            return web.Response(status=400, text="cannot handle boom")
+        return await handle(body)
+
+    dead = tmp_path / "dead.jsonl"
+    settings = {
+        "dead_letter_path": str(dead),
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "checkpoint_interval_ms": 60_000,  # no checkpoint before the failure
+        "quarantine_after_failures": 3,
+    }
+    script = [("test/counter", "a", text) for text in ("one", "two", "boom", "three")]
+    async with function_server(boom_fails) as url:
+        module = ModuleSpec(endpoints=(remote(url, max_num_batch_requests=10),))
+        for _ in range(2):
+            with pytest.raises(JobFailedError, match="cannot handle boom"):
+                await run_job(module, script, **settings)
+            assert not dead.exists()
+        values = await run_job(module, script, **settings)
+    (record,) = dead_records(dead)
+    assert record["target"] == "test/counter" and "quarantined after failing 3" in record["reason"]
+    assert json.loads((tmp_path / "checkpoints" / "quarantine.json").read_text()) == {
+        "suspects": []
+    }
+    assert sorted(values) == ["a=1", "a=2", "a=3"]
+
+
+async def test_without_a_quarantine_the_job_keeps_failing(tmp_path: Path) -> None:
+    settings = {
+        "dead_letter_path": str(tmp_path / "dead.jsonl"),
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "quarantine_after_failures": 0,
+    }
+    for _ in range(3):
+        with pytest.raises(JobFailedError, match="cannot handle 'boom'"):
+            await run_job(
+                ModuleSpec(endpoints=(embedded(),)), [("test/fails", "a", "boom")], **settings
+            )
