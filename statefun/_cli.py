@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from statefun.runtime import _dead_letter_commands as _dead_letters
+
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
 log = logging.getLogger("statefun.cli")
@@ -214,6 +216,7 @@ COMMANDS: list[Command] = [
     Command(
         "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
     ),
+    Command("dead-letters", "list, show or replay dead letters", *_dead_letters.COMMAND),
 ]
 
 
