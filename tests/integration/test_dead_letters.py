@@ -40,15 +40,20 @@ def dead_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-async def test_a_type_a_wildcard_endpoint_does_not_serve_is_a_dead_letter(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoints", [False, True])
+async def test_a_type_a_wildcard_endpoint_does_not_serve_is_a_dead_letter(
+    tmp_path: Path, checkpoints: bool
+) -> None:
     """`functions: test/*`, and a message to test/typo: the function server answers 404; the
     message goes to the dead letters (policy fail notwithstanding) and the job goes on."""
     dead = tmp_path / "dead.jsonl"
+    more = {"checkpoint_dir": str(tmp_path / "checkpoints")} if checkpoints else {}
     async with await start_server(functions) as server:
         values = await run_job(
             ModuleSpec(endpoints=(remote(server.url),)),
             [("test/typo", "x", "hi"), ("test/counter", "a", "x")],
             dead_letter_path=str(dead),
+            **more,
         )
     assert values == ["a=1"]
     (record,) = dead_records(dead)
