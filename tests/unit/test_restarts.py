@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from statefun._cli import main
 from statefun._settings import Settings
 from statefun.runtime._restarts import MAX_DELAY_S, RestartPolicy
 
@@ -86,3 +91,31 @@ def test_fixed_delay_counts_over_the_process_life_and_none_never_restarts() -> N
     assert run_then_fail(restarts, clock, 100.0) is None
     restarts, clock = policy(restart_strategy="none")
     assert run_then_fail(restarts, clock, 1.0) is None
+
+
+def test_statefun_run_ends_once_failures_pass_the_rate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`statefun run` on a job that fails at once every time (quarantine off): restarted
+    twice, the third failure within the interval ends the process with 1."""
+    (tmp_path / "in.jsonl").write_text('{"target": "test/fails", "id": "a", "value": "boom"}\n')
+    module = tmp_path / "module.yaml"
+    module.write_text(
+        "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: test/*\n"
+        "  module: tests.integration.fns.shop:functions\n---\n"
+        "kind: io.pystatefun.file.v1/ingress\nspec:\n  id: test/in\n  path: in.jsonl\n"
+    )
+    settings = {
+        "checkpoint_dir": tmp_path / "checkpoints",
+        "dead_letter_path": tmp_path / "dead.jsonl",
+        "quarantine_after_failures": 0,
+        "restart_delay_ms": 1,
+        "restart_failure_rate_max_failures": 2,
+    }
+    argv = ["run", str(module)] + [f"--set={k}={v}" for k, v in settings.items()]
+    with caplog.at_level(logging.INFO, logger="statefun"):
+        assert main(argv) == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "statefun.cli"]
+    restarts = [line for line in said if line.startswith("restart ")]
+    assert len(restarts) == 2 and restarts[1].startswith("restart 2 of at most 2 failures")
+    assert any("not restarting: 3 failures within 60 s" in line for line in said)
