@@ -613,15 +613,7 @@ class KafkaSource(Source):
         self, record: Any, reason: str, route: _Route, context: IngressContext
     ) -> None:
         self.rejected += 1
-        self._dead_letter(record, reason, route, context)
-        log.error(
-            "ingress %s: record %s/%d at offset %d skipped: %s",
-            self.ingress_id,
-            record.topic,
-            record.partition,
-            record.offset,
-            reason,
-        )
+        self._dead_letter(record, reason, route, context)  # (logs it: one line, rate limited)
         if self.dead_letter_topic is None:
             return
         try:
@@ -642,13 +634,16 @@ class KafkaSource(Source):
     ) -> None:
         """The record to the runtime's dead letters: one record per target it did not reach
         (with the id, when the key is one, so that it can be replayed), else one without."""
-        where = f"record {record.topic}/{record.partition} at offset {record.offset}"
+        where = (
+            f"ingress {self.ingress_id}: record {record.topic}/{record.partition} "
+            f"at offset {record.offset}"
+        )
         fields: dict[str, Any] = {
             "ingress": self.ingress_id,
             "topic": record.topic,
             "partition": record.partition,
             "offset": record.offset,
-            "reason": f"{where}: {reason}",
+            "reason": f"{where} skipped: {reason}",
         }
         if record.key is not None:
             fields["key_base64"] = base64.b64encode(record.key).decode("ascii")

@@ -431,8 +431,7 @@ class Job:
         """Something other than a message (an ingress record, a state value) that goes to
         the dead letters; ``fields`` say what and why (``reason``). Logged (rate limited)."""
         if self.dead_letter_file.limiter.allow():
-            what = ", ".join(f"{k}={v}" for k, v in fields.items() if k != "reason")
-            log.error("dead letter (%s): %s", what, fields.get("reason"))
+            log.error("dead letter: %s", fields.get("reason"))
         self._write_dead_letters([(fields, value)])
 
     def _write_dead_letters(self, records: list[tuple[dict[str, Any], Any]]) -> list[int]:
