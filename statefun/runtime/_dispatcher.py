@@ -16,8 +16,9 @@ through the feedback channel (back to keyBy), delayed messages and cancellations
 service, egress records to the sinks. A failed batch changes nothing; a result that writes a
 state with another type than its spec's is refused whole (``StateWriteRejectedError``: the
 batch goes to the dead letters), and a stored value of another type (from before, or after a
-spec changed type) is moved out of the state to the dead letters before the address's next
-call, so one bad write never blocks an address. When a remote address
+spec changed type) is moved out of the state to the dead letters - before a remote address's
+next call, or when an embedded function's read of it raises (the invocation then runs once
+more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from statefun._exceptions import (
     FunctionInvocationError,
     MalformedResponseError,
+    StateTypeMismatchError,
     StateWriteRejectedError,
     TerminalFunctionError,
 )
@@ -311,6 +313,9 @@ class Dispatcher:
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
+            if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
+                self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
+                return
             self._failed_embedded(function, envelope, exc)
             return
         self._apply_embedded(function, key, key_group, values, context, now)
@@ -429,15 +434,23 @@ class Dispatcher:
             # Each message is its own invocation, with the state the previous one left; once
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
-            values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-            try:
-                await function.function.fun(
-                    context, Message(envelope.typename, envelope.id, envelope.value)
-                )
-            except Exception as exc:
-                self._failed_embedded(function, envelope, exc)
-                continue
-            self._apply_embedded(function, key, key_group, values, context, now)
+            for attempt in range(2):
+                values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+                try:
+                    await function.function.fun(
+                        context, Message(envelope.typename, envelope.id, envelope.value)
+                    )
+                except Exception as exc:
+                    if (
+                        attempt == 0
+                        and type(exc) is StateTypeMismatchError
+                        and self._moved_out(function, key, key_group)
+                    ):
+                        continue  # once more, without the values of another type
+                    self._failed_embedded(function, envelope, exc)
+                    break
+                self._apply_embedded(function, key, key_group, values, context, now)
+                break
 
     def _emit(
         self,
@@ -507,8 +520,17 @@ class Dispatcher:
             f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
         )
 
+    def _moved_out(self, function: EmbeddedFunction, key: AddressKey, key_group: int) -> bool:
+        """An embedded function read a state value of another type than its spec's: move such
+        values out of the address (``_move_out_mistyped``); whether there were any."""
+        values = dict(self.job.state.get(key_group, key) or {})
+        if not self._mistyped(function, values):
+            return False
+        self._move_out_mistyped(function, key, key_group, values)
+        return True
+
     @staticmethod
-    def _mistyped(function: RemoteFunction, values: dict[str, Any]) -> bool:
+    def _mistyped(function: EmbeddedFunction | RemoteFunction, values: dict[str, Any]) -> bool:
         specs = function.specs
         for name, value in values.items():
             spec = specs.get(name)
@@ -517,7 +539,11 @@ class Dispatcher:
         return False
 
     def _move_out_mistyped(
-        self, function: RemoteFunction, key: AddressKey, key_group: int, values: dict[str, Any]
+        self,
+        function: EmbeddedFunction | RemoteFunction,
+        key: AddressKey,
+        key_group: int,
+        values: dict[str, Any],
     ) -> None:
         """Stored values whose type is not their spec's (written before such writes were
         refused, or the spec changed type): sent, they would fail every batch of the address.

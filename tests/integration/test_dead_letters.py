@@ -136,25 +136,33 @@ async def test_a_state_write_of_another_type_is_refused_and_the_address_works_on
     assert record["target"] == "test/counter" and "wrote state 'count'" in record["reason"]
 
 
-async def test_state_of_another_type_already_stored_is_moved_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["remote", "embedded"])
+async def test_state_of_another_type_already_stored_is_moved_out(
+    tmp_path: Path, where: str
+) -> None:
     """A stored value whose type is not its spec's (from a checkpoint written before such
-    writes were refused) would fail every call to the address: it goes to the dead letters
-    (nothing lost) and out of the state, and the address works."""
+    writes were refused, or before a spec changed its type) would fail every call to the
+    address: it goes to the dead letters (nothing lost) and out of the state, and the address
+    works."""
     dead = tmp_path / "dead.jsonl"
     state = MemoryStateBackend()
     settings = Settings(dead_letter_path=str(dead))
     key_group = key_group_for("test/counter", "a", settings.max_parallelism)
     state.put(key_group, ("test/counter", "a"), {"count": TypedValue("other/type", b"\x01\x02")})
+    script = [("test/counter", "a", "x"), ("test/counter", "a", "x")]
     async with await start_server(functions) as server:
-        endpoint = remote(server.url, transport=TransportSpec(call=timedelta(seconds=3)))
-        module = ModuleSpec(endpoints=(endpoint,))
-        # the spec is known from the first answer (IncompleteInvocationContext); the check
-        # runs before every call with the specs known then
+        endpoint = (
+            remote(server.url, transport=TransportSpec(call=timedelta(seconds=3)))
+            if where == "remote"
+            else embedded()
+        )
+        # remote: the spec is known from the first answer (IncompleteInvocationContext); the
+        # check runs before every call with the specs known then
         sink = ListSink()
         job = Job(
-            module,
+            ModuleSpec(endpoints=(endpoint,)),
             settings,
-            sources=[ScriptSource([("test/counter", "a", "x"), ("test/counter", "a", "x")])],
+            sources=[ScriptSource(script)],
             sinks=[sink],
             state=state,
         )
@@ -163,6 +171,7 @@ async def test_state_of_another_type_already_stored_is_moved_out(tmp_path: Path)
     (record,) = dead_records(dead)
     assert record["state"] == "count" and record["type"] == "other/type"
     assert record["value_base64"] == "AQI="
+    assert "its spec says io.statefun.types/int" in record["reason"]
 
 
 async def test_a_message_that_keeps_failing_the_job_is_quarantined(tmp_path: Path) -> None:
@@ -212,3 +221,25 @@ async def test_without_a_quarantine_the_job_keeps_failing(tmp_path: Path) -> Non
             await run_job(
                 ModuleSpec(endpoints=(embedded(),)), [("test/fails", "a", "boom")], **settings
             )
+
+
+async def test_an_async_embedded_function_gets_state_of_another_type_moved_out(
+    tmp_path: Path,
+) -> None:
+    dead = tmp_path / "dead.jsonl"
+    state = MemoryStateBackend()
+    settings = Settings(dead_letter_path=str(dead))
+    key = ("test/async-echo", "a")
+    state.put(key_group_for(*key, settings.max_parallelism), key, {"seen": TypedValue("x/y", b"")})
+    sink = ListSink()
+    job = Job(
+        ModuleSpec(endpoints=(embedded(),)),
+        settings,
+        sources=[ScriptSource([("test/async-echo", "a", "p"), ("test/async-echo", "a", "q")])],
+        sinks=[sink],
+        state=state,
+    )
+    await asyncio.wait_for(job.run(), 30)
+    assert sink.values == ["p", "p|q"]
+    (record,) = dead_records(dead)
+    assert (record["target"], record["state"], record["type"]) == ("test/async-echo", "seen", "x/y")
