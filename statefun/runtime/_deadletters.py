@@ -53,18 +53,23 @@ class LogLimiter:
     def allow(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         if now - self._window_start >= self.window_s:
-            if self.suppressed:
-                log.error(
-                    "%d more dead letter(s) in the last %.0f s (not logged one by one)",
-                    self.suppressed,
-                    self.window_s,
-                )
-            self._window_start, self._lines, self.suppressed = now, 0, 0
+            self.flush()
+            self._window_start, self._lines = now, 0
         if self._lines < self.burst:
             self._lines += 1
             return True
         self.suppressed += 1
         return False
+
+    def flush(self) -> None:
+        """Log how many lines were held back, if any (at the end of a window, or at the end)."""
+        if self.suppressed:
+            log.error(
+                "%d more dead letter(s) within %.0f s, not logged one by one (see the file)",
+                self.suppressed,
+                self.window_s,
+            )
+            self.suppressed = 0
 
 
 def _last_seq(path: Path) -> int:

@@ -655,4 +655,5 @@ class Job:
         if self.admin is not None:
             await self.admin.close()
         self.state.close()
+        self.dead_letter_file.limiter.flush()
         log.info("job stopped: %d message(s) still in flight", self.pending)

@@ -46,11 +46,12 @@ def test_old_lines_without_a_number_and_broken_lines_still_read(tmp_path: Path) 
     assert "not a JSON record" in got[1][1]["reason"]
 
 
-def test_the_log_is_rate_limited() -> None:
+def test_the_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     limiter = LogLimiter(burst=3, window_s=10)
     assert [limiter.allow(now=1.0) for _ in range(5)] == [True, True, True, False, False]
     assert limiter.suppressed == 2
     assert limiter.allow(now=12.0) and limiter.suppressed == 0
+    assert "2 more dead letter(s) within 10 s" in caplog.text
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
