@@ -23,8 +23,13 @@ suspect is then sent in a batch of its own (``Job.isolated``): the one that fail
 alone, and goes to the dead letters. Nothing else changes: a failed batch applied nothing,
 so the dead-lettered messages leave no effect and the others take effect once, as if the
 suspects had never been sent (exactly-once holds). Two identical messages (same address,
-caller and bytes) cannot be told apart: as many of them as the failing batches held are
-quarantined.
+caller and bytes) cannot be told apart: each of them that fails the same way is quarantined.
+
+A quarantined message stays in the journal (with at most ``MAX_SUSPECTS`` failures, the
+oldest forgotten first): should the process crash before a checkpoint covers the quarantine,
+the replayed message fails the same way and is quarantined at once, without stopping the job
+again (its dead letter is then written twice, as any dead letter written after the last
+checkpoint).
 """
 
 from __future__ import annotations
@@ -141,21 +146,15 @@ class Quarantine:
             match["messages"] = {
                 p: min(n, counts[p]) for p, n in match["messages"].items() if p in counts
             }
-        match["failures"] += 1
+        match["failures"] = min(self.after, match["failures"] + 1)
         if match["failures"] < self.after:
             self._save()
             return []
-        left = dict(match["messages"])
-        chosen = []
-        for envelope, p in zip(batch, prints, strict=True):
-            if left.get(p, 0) > 0:
-                left[p] -= 1
-                chosen.append(envelope)
-        match["failures"] = self.after
+        suspected = match["messages"]
+        chosen = [e for e, p in zip(batch, prints, strict=True) if p in suspected]
         if len(chosen) == 1:
-            match["messages"][prints[batch.index(chosen[0])]] -= 1
-            match["messages"] = {p: n for p, n in match["messages"].items() if n > 0}
-            if not match["messages"]:
-                self.suspects.remove(match)
+            # Found. Kept: should a crash come before a checkpoint covers the quarantine, the
+            # message is replayed, fails the same way, and is quarantined again at once.
+            match["messages"] = {prints[batch.index(chosen[0])]: 1}
         self._save()
         return chosen
