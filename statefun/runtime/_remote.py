@@ -5,7 +5,8 @@ HTTP client of the runtime (``_http.HttpPool``): connect and read timeouts per a
 call timeout over all attempts, retries with exponential backoff and jitter until the call
 timeout, then a RetryableFunctionError (or a TerminalFunctionError at once when retrying
 cannot help: a 4xx other than 408/429, an oversized response, a URL that cannot be called).
-A 404 or 410 says the endpoint has no such function: a FunctionNotFoundError, which sends the
+A 404 or 410 (or an answer whose text says so, as SDKs word it) says the endpoint
+has no such function: a FunctionNotFoundError, which sends the
 batch to the dead letters whatever the failure policy (a message to a type no one serves is
 the sender's problem, not the job's).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +46,12 @@ from statefun.sdk._wire import (
 __all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
 
 log = logging.getLogger(__name__)
+
+#: what a function server that passes its error text on says for a type it does not have
+#: (this SDK, and StateFun's Python SDK): "function does not exist", whatever the status
+_NO_SUCH_FUNCTION = re.compile(
+    r"no function is registered for type|unable to find a function of type", re.IGNORECASE
+)
 
 
 def encode_to_function(
@@ -240,7 +248,8 @@ class RemoteClient:
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()
                 problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
-                if response.status in (404, 410):  # no such function there: the sender's problem
+                if response.status in (404, 410) or _NO_SUCH_FUNCTION.search(reason):
+                    # no such function there: the sender's problem, not the job's
                     raise FunctionNotFoundError(f"function {typename}: {problem}")
                 if 400 <= response.status < 500 and response.status not in (408, 429):
                     raise TerminalFunctionError(f"function {typename}: {problem}")

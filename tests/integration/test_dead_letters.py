@@ -252,3 +252,29 @@ async def test_an_async_embedded_function_gets_state_of_another_type_moved_out(
     assert sink.values == ["p", "p|q"]
     (record,) = dead_records(dead)
     assert (record["target"], record["state"], record["type"]) == ("test/async-echo", "seen", "x/y")
+
+
+async def test_a_500_that_says_no_such_function_is_a_dead_letter_at_once(tmp_path: Path) -> None:
+    """StateFun's Python SDK raises "Unable to find a function of type ..." for a type it does
+    not have, which its web server may answer with 500 and that text: no retries until the
+    call timeout, no stopped job."""
+    from aiohttp import web
+
+    async def official_style(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> Any:
+        if b"test/typo" in body:
+            return web.Response(status=500, text="Unable to find a function of type test/typo")
+        return await handle(body)
+
+    dead = tmp_path / "dead.jsonl"
+    async with function_server(official_style) as url:
+        endpoint = remote(url, transport=TransportSpec(call=timedelta(seconds=30)))
+        started = time.monotonic()
+        values = await run_job(
+            ModuleSpec(endpoints=(endpoint,)),
+            [("test/typo", "x", "hi"), ("test/counter", "a", "x")],
+            dead_letter_path=str(dead),
+        )
+    assert time.monotonic() - started < 20  # not retried until the 30 s call timeout
+    assert values == ["a=1"]
+    (record,) = dead_records(dead)
+    assert record["target"] == "test/typo" and "HTTP 500" in record["reason"]
