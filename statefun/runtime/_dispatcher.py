@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import (
     FunctionInvocationError,
+    InvalidValueError,
     MalformedResponseError,
+    MessageValueError,
     StateTypeMismatchError,
     StateWriteRejectedError,
     TerminalFunctionError,
@@ -272,11 +274,13 @@ class Dispatcher:
     def _failed_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, exc: Exception
     ) -> None:
-        """The function raised: nothing of the invocation is applied; the policy decides."""
+        """The function raised: nothing of the invocation is applied; the policy decides (a
+        value that fails its own type is the sender's error: a dead letter)."""
+        kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         self.job.on_failure(
             function.typename,
             [envelope],
-            TerminalFunctionError(
+            kind(
                 f"function {function.typename} failed on {envelope.id!r}: "
                 f"{type(exc).__name__}: {exc}"
             ),

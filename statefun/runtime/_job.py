@@ -28,6 +28,7 @@ from typing import Any
 from statefun._exceptions import (
     FunctionInvocationError,
     JobFailedError,
+    MessageValueError,
     ModuleError,
     UndeliverableError,
 )
@@ -368,6 +369,13 @@ class Job:
         to send again (the caller puts them back at the head of the address's mailbox, in
         order): those a quarantine left behind; usually none."""
         if isinstance(error, UndeliverableError):  # the input's problem, whatever the policy
+            if isinstance(error, MessageValueError) and len(batch) > 1:
+                # one message's value is bad: each goes again alone, the bad one fails alone
+                log.warning(
+                    "%s; the %d messages of the batch go again one by one", error, len(batch)
+                )
+                self.isolated.update(batch)
+                return batch
             self.dead_letter(batch, str(error))
             return []
         if self.settings.remote_failure_policy == "dead-letter":

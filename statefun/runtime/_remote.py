@@ -8,7 +8,9 @@ cannot help: a 4xx other than 408/429, an oversized response, a URL that cannot 
 A 404 or 410 (or an answer whose text says so, as SDKs word it) says the endpoint
 has no such function: a FunctionNotFoundError, which sends the
 batch to the dead letters whatever the failure policy (a message to a type no one serves is
-the sender's problem, not the job's).
+the sender's problem, not the job's); so does a failure this SDK's server reports as an
+``InvalidValueError`` (a message's value does not decode as its own type): a
+MessageValueError.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from google.protobuf.message import DecodeError
 from statefun._exceptions import (
     FunctionNotFoundError,
     MalformedResponseError,
+    MessageValueError,
     RetryableFunctionError,
     TerminalFunctionError,
 )
@@ -49,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: what a function server that passes its error text on says for a type it does not have
 #: (this SDK, and StateFun's Python SDK): "function does not exist", whatever the status
+#: what this SDK's server says when a message's value does not decode as its own type
+_INVALID_VALUE = re.compile(r"\bInvalidValueError: ")
 _NO_SUCH_FUNCTION = re.compile(
     r"no function is registered for type|unable to find a function of type", re.IGNORECASE
 )
@@ -251,6 +256,8 @@ class RemoteClient:
                 if response.status in (404, 410) or _NO_SUCH_FUNCTION.search(reason):
                     # no such function there: the sender's problem, not the job's
                     raise FunctionNotFoundError(f"function {typename}: {problem}")
+                if _INVALID_VALUE.search(reason):  # a message's value fails its own type
+                    raise MessageValueError(f"function {typename}: {problem}")
                 if 400 <= response.status < 500 and response.status not in (408, 429):
                     raise TerminalFunctionError(f"function {typename}: {problem}")
             except ResponseTooLarge as exc:

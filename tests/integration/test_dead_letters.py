@@ -18,7 +18,8 @@ import pytest
 from statefun._exceptions import JobFailedError
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
-from statefun.module._specs import ModuleSpec, TransportSpec
+from statefun.ingress.base import IngressContext, Source
+from statefun.module._specs import FunctionTarget, HttpEndpointSpec, ModuleSpec, TransportSpec
 from statefun.runtime import Job
 from statefun.sdk import TypedValue
 from statefun.sdk._proto import request_reply_pb2 as pb
@@ -278,3 +279,45 @@ async def test_a_500_that_says_no_such_function_is_a_dead_letter_at_once(tmp_pat
     assert values == ["a=1"]
     (record,) = dead_records(dead)
     assert record["target"] == "test/typo" and "HTTP 500" in record["reason"]
+
+
+class OrderSource(Source):
+    """Submits JSON values typed kafka-json/Order to kafka-json/orders/<id>."""
+
+    bounded = True
+
+    def __init__(self, values: list[tuple[str, bytes]]) -> None:
+        super().__init__("test/orders")
+        self.values = values
+
+    async def run(self, context: IngressContext) -> None:
+        for id_, raw in self.values:
+            await context.submit("kafka-json/orders", id_, TypedValue("kafka-json/Order", raw))
+
+
+async def test_a_value_that_fails_its_own_type_in_a_remote_batch_is_found_and_dead_lettered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The function server reports InvalidValueError for a batch holding one bad value among
+    good ones: each message goes again alone, the bad one is a dead letter, the others take
+    effect once and in order; the job (policy fail) goes on."""
+    from tests.integration.fns import json_fns
+
+    dead = tmp_path / "dead.jsonl"
+    values = [("a", b'{"n": 1}'), ("a", b"{garbage"), ("a", b'{"n": 2}'), ("a", b'{"n": 3}')]
+    sink = ListSink(json_fns.OUT)
+    async with await start_server(json_fns.functions) as server:
+        # the first message goes alone; the others wait for it and form one batch
+        endpoint = HttpEndpointSpec(FunctionTarget("kafka-json", None), server.url)
+        job = Job(
+            ModuleSpec(endpoints=(endpoint,)),
+            Settings(dead_letter_path=str(dead)),
+            sources=[OrderSource(values)],
+            sinks=[sink],
+        )
+        await asyncio.wait_for(job.run(), 30)
+    assert sink.values == ["a:1", "a:2", "a:3"]
+    assert "messages of the batch go again one by one" in caplog.text
+    (record,) = dead_records(dead)
+    assert base64.b64decode(record["value_base64"]) == b"{garbage"
+    assert "InvalidValueError" in record["reason"] and "kafka-json/Order" in record["reason"]

@@ -12,18 +12,19 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient
 
-from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
 from statefun.ingress.kafka import KafkaSource
 from statefun.module._specs import (
     EmbeddedEndpointSpec,
     FunctionTarget,
+    HttpEndpointSpec,
     KafkaIngressSpec,
     KafkaTopicSpec,
     ModuleSpec,
 )
 from statefun.runtime import Job
-from tests.integration.fns.json_fns import OUT
+from statefun.sdk._serve import start_server
+from tests.integration.fns.json_fns import OUT, functions
 from tests.integration.test_kafka_io import create_topic, produce
 from tests.integration.test_runtime import ListSink
 
@@ -42,7 +43,9 @@ def admin(bootstrap: str) -> Iterator[Any]:
 RECORDS = [("a", b'{"n": 1}'), ("a", b"{not json"), ("a", b'{"n": 2}'), ("b", b'{"n": 3}')]
 
 
-def job_for(bootstrap: str, topic: str, settings: Settings, **properties: str) -> tuple[Job, Any]:
+def job_for(
+    bootstrap: str, topic: str, settings: Settings, remote_url: str | None = None, **properties: str
+) -> tuple[Job, Any]:
     ingress = KafkaIngressSpec(
         id="kafka-json/in",
         address=bootstrap,
@@ -51,14 +54,13 @@ def job_for(bootstrap: str, topic: str, settings: Settings, **properties: str) -
         startup_position="earliest",
         properties=properties,
     )
-    module = ModuleSpec(
-        endpoints=(
-            EmbeddedEndpointSpec(
-                FunctionTarget("kafka-json", None), "tests.integration.fns.json_fns:functions"
-            ),
-        ),
-        ingresses=(ingress,),
+    target = FunctionTarget("kafka-json", None)
+    endpoint = (
+        EmbeddedEndpointSpec(target, "tests.integration.fns.json_fns:functions")
+        if remote_url is None
+        else HttpEndpointSpec(target, remote_url)
     )
+    module = ModuleSpec(endpoints=(endpoint,), ingresses=(ingress,))
     sink = ListSink(OUT)
     return Job(module, settings, sources=[KafkaSource.from_spec(ingress)], sinks=[sink]), sink
 
@@ -95,27 +97,26 @@ async def test_a_value_that_is_not_json_for_a_json_type_is_a_dead_letter(
     assert f"record {topic}/0 at offset 1 skipped: the value is not a valid" in record["reason"]
 
 
-async def test_by_default_the_failing_record_is_quarantined_after_a_few_failures(
-    bootstrap: str, admin: Any, tmp_path: Path
+@pytest.mark.parametrize("where", ["embedded", "remote"])
+async def test_by_default_a_function_that_finds_the_value_invalid_dead_letters_it(
+    bootstrap: str, admin: Any, tmp_path: Path, where: str
 ) -> None:
-    """Without the property the function fails on the record (policy fail): the job stops
-    and restarts from its checkpoint until the quarantine takes the record out; the good
-    records behind it then go on."""
+    """Without the property the ingress does not know the type is JSON; the function's
+    ``message.as_type(ORDER)`` finds the value invalid for the message's own type
+    (InvalidValueError, reported by this SDK's server too): a dead letter at once, no
+    stopped job, no restart loop; the good records behind it go on (checkpoints on)."""
     topic = create_topic(admin, "json")
     await asyncio.to_thread(produce, bootstrap, topic, RECORDS)
     dead = tmp_path / "dead.jsonl"
-    settings = Settings(
-        dead_letter_path=str(dead),
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-        quarantine_after_failures=3,
-    )
-    for _ in range(2):
-        job, sink = job_for(bootstrap, topic, settings)
-        with pytest.raises(JobFailedError, match="JSONDecodeError"):
-            await asyncio.wait_for(job.run(), 60)
-        assert not dead.exists()
-    job, sink = job_for(bootstrap, topic, settings)
-    await run_until(job, sink, 2)
-    assert sink.values[-2:] == ["a:2", "b:3"]
+    settings = Settings(dead_letter_path=str(dead), checkpoint_dir=str(tmp_path / "checkpoints"))
+    server = await start_server(functions) if where == "remote" else None
+    try:
+        job, sink = job_for(bootstrap, topic, settings, remote_url=server and server.url)
+        await run_until(job, sink, 3)
+    finally:
+        if server is not None:
+            await server.close()
+    assert sorted(sink.values) == ["a:1", "a:2", "b:3"]
     (record,) = [json.loads(line) for line in dead.read_text().splitlines()]
-    assert record["target"] == "kafka-json/orders" and "quarantined" in record["reason"]
+    assert (record["target"], record["id"]) == ("kafka-json/orders", "a")
+    assert "is not a valid kafka-json/Order: JSONDecodeError" in record["reason"]
