@@ -6,10 +6,12 @@
 * ``replay ID... | --all``: sends messages back into a running job through its HTTP ingress
   (``POST /messages/<namespace>/<type>/<id>`` with the value's bytes and its typename in
   ``X-Statefun-Typename``), as ``statefun send`` does: once the ingress answers 202 the message
-  is durable and will be processed exactly once. The original caller is not kept (the
-  ingress sends from no caller). Records that are not messages (egress records, state values
+  is durable and will be processed exactly once. Each request carries an ``Idempotency-Key``
+  derived from the record, so where the ingress honours it a replay that is run again after
+  an interruption sends no record twice. The original caller is not kept (the ingress sends
+  from no caller). Records that are not messages (egress records, state values
   moved out of an address, Kafka records without a usable key) are skipped and listed. The
-  file is not changed: replaying the same record twice sends it twice.
+  file is not changed.
 
 Records are named by their ``seq`` (``L<n>``: line ``n`` of a record written without one;
 ``R...``: in the rotated file ``<path>.1``).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import sys
 import time
@@ -133,6 +136,14 @@ def run(args: argparse.Namespace) -> int:
     return _replay(chosen, args.url, args.timeout)
 
 
+def _idempotency_key(record: dict[str, Any]) -> str:
+    """The same for one record each time it is replayed (its number and time are in it), so an
+    ingress that honours ``Idempotency-Key`` takes a replay run again after an interruption
+    only once; a new dead letter of the same message is another record, with another key."""
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
+    return f"dead-letter-{digest[:32]}"
+
+
 def _replay(chosen: list[tuple[str, dict[str, Any]]], url: str, timeout: float) -> int:
     sent = skipped = 0
     for name, record in chosen:
@@ -155,6 +166,7 @@ def _replay(chosen: list[tuple[str, dict[str, Any]]], url: str, timeout: float) 
             headers={
                 "Content-Type": "application/octet-stream",
                 "X-Statefun-Typename": str(record.get("type", "")),
+                "Idempotency-Key": _idempotency_key(record),
             },
             method="POST",
         )
