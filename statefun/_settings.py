@@ -137,7 +137,12 @@ class Settings:
         ),
     )
     restart_attempts: int = field(
-        default=10, metadata=_doc("restarts before `statefun run` gives up (0: never restart)")
+        default=10,
+        metadata=_doc(
+            "restarts before `statefun run` gives up (0: never restart); with 'exponential' "
+            "counted in a row (a healthy run starts again from 0), with 'fixed-delay' over the "
+            "process's life"
+        ),
     )
     restart_delay_ms: int = field(
         default=500, metadata=_doc("delay before the first restart (fixed, or doubling up to 60 s)")
