@@ -321,3 +321,54 @@ async def test_a_value_that_fails_its_own_type_in_a_remote_batch_is_found_and_de
     (record,) = dead_records(dead)
     assert base64.b64decode(record["value_base64"]) == b"{garbage"
     assert "InvalidValueError" in record["reason"] and "kafka-json/Order" in record["reason"]
+
+
+async def test_quarantine_keeps_every_other_message_exactly_once(tmp_path: Path) -> None:
+    """A replayable file ingress, an exactly-once file egress, checkpoints every 20 ms, and a
+    function server that fails (HTTP 400) every batch holding 'boom': the job stops twice,
+    restarting from its checkpoint each time, then quarantines 'boom'. The committed output
+    then holds every other message's count exactly once, in order, per address."""
+    from aiohttp import web
+
+    from statefun.module import load_module_text
+    from statefun.runtime._plan import build_job
+
+    async def boom_fails(body: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> Any:
+        await asyncio.sleep(0.005)
+        if b"boom" in body:
+            return web.Response(status=400, text="cannot handle boom")
+        return await handle(body)
+
+    lines = []
+    for i in range(300):
+        lines.append({"target": "test/counter", "id": "abc"[i % 3], "value": f"m{i}"})
+        if i == 200:
+            lines.append({"target": "test/counter", "id": "b", "value": "boom"})
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    dead = tmp_path / "dead.jsonl"
+    settings = Settings(
+        dead_letter_path=str(dead),
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        checkpoint_interval_ms=20,
+    )
+    async with function_server(boom_fails) as url:
+        text = (
+            f"kind: io.statefun.endpoints.v2/http\nspec:\n  functions: test/*\n"
+            f"  urlPathTemplate: {url}\n  maxNumBatchRequests: 7\n---\n"
+            "kind: io.pystatefun.file.v1/ingress\nspec:\n  id: test/in\n  path: in.jsonl\n---\n"
+            "kind: io.pystatefun.file.v1/egress\nspec:\n  id: test/out\n  path: out.jsonl\n"
+        )
+        (tmp_path / "module.yaml").write_text(text)
+        for _ in range(2):
+            job = build_job(load_module_text(text, base_dir=tmp_path), settings)
+            with pytest.raises(JobFailedError, match="cannot handle boom"):
+                await asyncio.wait_for(job.run(), 30)
+        job = build_job(load_module_text(text, base_dir=tmp_path), settings)
+        await asyncio.wait_for(job.run(), 30)
+    out = [json.loads(line)["value"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    for key, sent in (("a", 100), ("b", 100), ("c", 100)):
+        assert [v for v in out if v.startswith(f"{key}=")] == [
+            f"{key}={n}" for n in range(1, sent + 1)
+        ]
+    (record,) = dead_records(dead)
+    assert record["id"] == "b" and b"boom" in base64.b64decode(record["value_base64"])
