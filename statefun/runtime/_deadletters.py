@@ -15,7 +15,10 @@ One JSON object per line (``dead_letter_path``)::
 * Growth is bounded: once the file is past ``dead_letter_max_bytes`` it is renamed to
   ``<path>.1`` (replacing an older one) and a new file starts; at most twice the limit is kept.
 * Dead letters are at-least-once: a message dead-lettered after the last checkpoint is
-  dead-lettered again after a crash (its record then appears twice, with two ``seq``).
+  dead-lettered again after a crash (its record then appears twice, with two ``seq``). The
+  file is fsynced at each checkpoint's cut when it has new records (``sync``), so a checkpoint
+  that no longer replays a message never completes before the message's dead letter is
+  durable.
 * Logging is rate limited: at most ``_LOG_BURST`` ERROR lines per ``_LOG_WINDOW_S``, then
   one line saying how many more went to the file.
 """
@@ -30,6 +33,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from statefun._files import fsync_dir
 
 __all__ = ["DeadLetterFile", "LogLimiter", "read_dead_letters", "record_id"]
 
@@ -102,6 +107,7 @@ class DeadLetterFile:
         self._seq: int | None = None
         self.limiter = LogLimiter()
         self.written = 0
+        self._unsynced = False
 
     def _next_seq(self) -> int:
         if self._seq is None:
@@ -128,12 +134,30 @@ class DeadLetterFile:
             out.write("".join(lines))
             size = out.tell()
         self.written += len(lines)
+        self._unsynced = True
         if self.max_bytes and size > self.max_bytes:
+            self.sync()
             os.replace(self.path, self.rotated)
+            fsync_dir(self.path.parent)
             log.warning(
                 "dead-letter file %s passed %d bytes: moved to %s", self.path, size, self.rotated
             )
         return seqs
+
+    def sync(self) -> None:
+        """Make the records appended so far durable (fsync), if there are new ones: before a
+        checkpoint that no longer replays their messages completes."""
+        if not self._unsynced:
+            return
+        self._unsynced = False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def record_id(record: dict[str, Any], line_number: int) -> str:

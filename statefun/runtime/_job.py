@@ -341,7 +341,10 @@ class Job:
         future.set_result(value)
 
     def seal_replies(self) -> list[tuple[str, Any]]:
-        """The replies produced since the last cut (released when the checkpoint completes)."""
+        """At a checkpoint's cut: the replies produced since the last cut (released when the
+        checkpoint completes). The dead letters written since are made durable here too: once
+        the checkpoint completes their messages are not replayed."""
+        self.dead_letter_file.sync()
         sealed, self._unreleased_replies = self._unreleased_replies, []
         return sealed
 
@@ -663,5 +666,6 @@ class Job:
         if self.admin is not None:
             await self.admin.close()
         self.state.close()
+        self.dead_letter_file.sync()
         self.dead_letter_file.limiter.flush()
         log.info("job stopped: %d message(s) still in flight", self.pending)
