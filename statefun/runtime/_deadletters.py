@@ -77,24 +77,41 @@ class LogLimiter:
             self.suppressed = 0
 
 
+def _seq_of(line: bytes) -> int | None:
+    try:
+        seq = json.loads(line).get("seq")
+    except (ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) else None
+
+
 def _last_seq(path: Path) -> int:
-    """The highest ``seq`` in the last lines of ``path`` (0: none)."""
+    """The ``seq`` of the last numbered record of ``path`` (0: none): from its last 64 KiB,
+    or, when no numbered record ends there (huge values), from a scan of the whole file."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - _TAIL_BYTES))
             tail = f.read()
+            lines = tail.splitlines()
+            if size > _TAIL_BYTES:
+                lines = lines[1:]  # (the first may be the end of a longer line)
+            for line in reversed(lines):
+                seq = _seq_of(line)
+                if seq is not None:
+                    return seq
+            if size <= _TAIL_BYTES:
+                return 0
+            f.seek(0)
+            last = 0
+            for line in f:
+                seq = _seq_of(line)
+                if seq is not None:
+                    last = seq
+            return last
     except FileNotFoundError:
         return 0
-    for line in reversed(tail.splitlines()):
-        try:
-            seq = json.loads(line).get("seq")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(seq, int):
-            return seq
-    return 0
 
 
 class DeadLetterFile:

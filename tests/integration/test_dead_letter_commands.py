@@ -37,6 +37,16 @@ def test_records_are_numbered_on_from_the_last_and_rotated(tmp_path: Path) -> No
     assert [name for name, _ in read_dead_letters(path)] == ["1", "2", "3", "4", "5"]
 
 
+def test_numbering_goes_on_after_records_larger_than_the_tail_read(tmp_path: Path) -> None:
+    path = tmp_path / "dead.jsonl"
+    record = {"target": "test/counter", "id": "a", "reason": "r"}
+    big = TypedValue("my/T", b"x" * 200_000)
+    assert DeadLetterFile(path).append([(record, string("x")), (record, big)]) == [1, 2]
+    assert DeadLetterFile(path).append([(record, string("y"))]) == [3]
+    assert DeadLetterFile(path).append([(record, big)]) == [4]
+    assert DeadLetterFile(path).append([(record, string("y"))]) == [5]
+
+
 def test_old_lines_without_a_number_and_broken_lines_still_read(tmp_path: Path) -> None:
     path = tmp_path / "dead.jsonl"
     path.write_text(json.dumps(OLD_LINE) + "\n{not json\n")
