@@ -372,3 +372,17 @@ async def test_quarantine_keeps_every_other_message_exactly_once(tmp_path: Path)
         ]
     (record,) = dead_records(dead)
     assert record["id"] == "b" and b"boom" in base64.b64decode(record["value_base64"])
+
+
+async def test_a_flood_of_dead_letters_logs_a_few_lines_and_a_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = tmp_path / "dead.jsonl"
+    script = [("other/thing", str(i), "lost?") for i in range(200)]
+    await run_job(ModuleSpec(endpoints=(embedded(),)), script, dead_letter_path=str(dead))
+    assert len(dead_records(dead)) == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "statefun.runtime._job"]
+    assert len(lines) == 10 and all(
+        line.startswith("dead letter to other/thing/") for line in lines
+    )
+    assert "190 more dead letter(s) within 10 s" in caplog.text
