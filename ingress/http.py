@@ -5,7 +5,7 @@
   message's caller is ``pystatefun.http/reply:<request id>``, and whatever the function sends
   to its caller (``context.send(message_builder(context.caller.typename, context.caller.id,
   ...))``) is the response body, typed by the ``X-Statefun-Typename`` header. 504 after the
-  reply timeout.
+  reply timeout; 422 with the reason at once if the message goes to the dead letters.
 * ``GET /health``.
 
 The value's type: a ``typename`` query parameter or an ``X-Statefun-Typename`` header names
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from statefun._exceptions import UndeliverableError
 from statefun._http.server import HttpServer, Reply, Request, ServerOptions, media_type, plain
 from statefun.ingress._idempotency import HEADER_KEY, IdempotentRequests
 from statefun.ingress._keystore import Entry
@@ -385,6 +386,8 @@ class HttpSource(Source):
                 reply = await asyncio.wait_for(asyncio.shield(future), self.reply_timeout_s)
             except TimeoutError:
                 return plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+            except UndeliverableError as exc:  # the message went to the dead letters
+                return plain(422, f"{typename}/{id_}: {exc}")
         except _Refused as exc:
             return exc.reply
         finally:

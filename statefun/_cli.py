@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statefun.checkpoint import verify as _verify
+from statefun.runtime import _dead_letter_commands as _dead_letters
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -417,6 +418,7 @@ COMMANDS: list[Command] = [
         _kafka_arguments,
         _kafka,
     ),
+    Command("dead-letters", "list, show or replay dead letters", *_dead_letters.COMMAND),
 ]
 
 

@@ -130,15 +130,60 @@ class Settings:
             "passes between its end and such an early one (at most ~10% of a core). 0: off"
         ),
     )
-    restart_strategy: Literal["none", "fixed-delay", "exponential"] = field(
-        default="exponential",
-        metadata=_doc("how `statefun run` restarts a failed job from its last checkpoint"),
+    restart_strategy: Literal["none", "fixed-delay", "exponential", "failure-rate"] = field(
+        default="failure-rate",
+        metadata=_doc(
+            "how `statefun run` restarts a failed job from its last checkpoint: "
+            "'failure-rate' (Flink's: restarts until more than "
+            "restart_failure_rate_max_failures failures fall within "
+            "restart_failure_rate_interval_ms), 'exponential' (at most restart_attempts "
+            "restarts in a row), 'fixed-delay' (at most restart_attempts restarts in the "
+            "process's life, each after restart_delay_ms), 'none'"
+        ),
     )
     restart_attempts: int = field(
-        default=10, metadata=_doc("restarts before `statefun run` gives up (0: never restart)")
+        default=10,
+        metadata=_doc(
+            "restarts before `statefun run` gives up (0: never restart); with 'exponential' "
+            "counted in a row (a healthy run starts again from 0), with 'fixed-delay' over the "
+            "process's life"
+        ),
     )
     restart_delay_ms: int = field(
         default=500, metadata=_doc("delay before the first restart (fixed, or doubling up to 60 s)")
+    )
+    restart_failure_rate_max_failures: int = field(
+        default=5,
+        metadata=_doc(
+            "restart_strategy=failure-rate: the most failures restarted within "
+            "restart_failure_rate_interval_ms; one more ends the process"
+        ),
+    )
+    restart_failure_rate_interval_ms: int = field(
+        default=60_000,
+        metadata=_doc("restart_strategy=failure-rate: the sliding window failures are counted in"),
+    )
+    restart_backoff_reset_ms: int = field(
+        default=30_000,
+        metadata=_doc(
+            "a job that ran this long before failing counts as healthy: the restart delay "
+            "starts again from restart_delay_ms, and (exponential) the restarts in a row from 0"
+        ),
+    )
+    quarantine_after_failures: int = field(
+        default=3,
+        metadata=_doc(
+            "with remote_failure_policy=fail and checkpoints on: when a message's batch fails "
+            "the job the same way for the this-many-th time (across restarts), the message "
+            "goes to the dead letters instead and the job goes on; 0: never"
+        ),
+    )
+    dead_letter_max_bytes: int = field(
+        default=64 << 20,
+        metadata=_doc(
+            "once the dead-letter file is larger, it is renamed to <dead_letter_path>.1 "
+            "(replacing the previous one) and a new file starts; 0: no limit"
+        ),
     )
     state_backend: Literal["memory", "rocksdb"] = field(
         default="memory", metadata=_doc("where keyed state lives: 'memory' or 'rocksdb'")
@@ -277,13 +322,22 @@ class Settings:
             raise ConfigurationError("admin_savepoint_min_interval_ms must be at least 0")
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
-            ("restart_strategy", ("none", "fixed-delay", "exponential")),
+            ("restart_strategy", ("none", "fixed-delay", "exponential", "failure-rate")),
             ("state_backend", ("memory", "rocksdb")),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigurationError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+        for name in (
+            "restart_failure_rate_max_failures",
+            "restart_failure_rate_interval_ms",
+            "restart_backoff_reset_ms",
+            "quarantine_after_failures",
+            "dead_letter_max_bytes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} must be at least 0, got {getattr(self, name)}")
         if self.remote_failure_policy not in ("fail", "dead-letter"):
             raise ConfigurationError(
                 f"remote_failure_policy must be 'fail' or 'dead-letter', "

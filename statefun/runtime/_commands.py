@@ -115,13 +115,6 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _restart_delay(settings: Any, attempt: int) -> float:
-    base = settings.restart_delay_ms / 1000.0
-    if settings.restart_strategy == "fixed-delay":
-        return float(base)
-    return float(min(60.0, base * 2 ** (attempt - 1)))
-
-
 def run(args: argparse.Namespace) -> int:
     from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
@@ -148,34 +141,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("checkpoints: off (set checkpoint_dir for exactly-once across restarts)")
     from_savepoint = Path(args.from_savepoint) if args.from_savepoint else None
-    attempt = 0
+    from statefun.runtime._restarts import RestartPolicy
+
+    restarts = RestartPolicy(settings)
     while True:
         job = build_job(module, settings)  # type: ignore[arg-type]
         job.restore_from = from_savepoint
         job.allow_dropping_state = args.allow_dropping_state
+        restarts.started()
         try:
             asyncio.run(_run_until_signalled(job))
             return 0
         except JobFailedError as exc:
             log.error("%s", exc)
-            retry = (
-                settings.checkpoint_dir  # type: ignore[attr-defined]
-                and settings.restart_strategy != "none"  # type: ignore[attr-defined]
-                and attempt < settings.restart_attempts  # type: ignore[attr-defined]
-                and not job.stopped_by_user
-            )
-            if not retry:
+            if not settings.checkpoint_dir or job.stopped_by_user:  # type: ignore[attr-defined]
+                return 1
+            delay, what = restarts.failed()
+            if delay is None:
+                log.error("not restarting: %s", what)
                 return 1
         except asyncio.CancelledError:
             return 130
-        attempt += 1
-        delay = _restart_delay(settings, attempt)
-        log.warning(
-            "restart %d of %d in %.1f s, from the last checkpoint",
-            attempt,
-            settings.restart_attempts,  # type: ignore[attr-defined]
-            delay,
-        )
+        log.warning("restart %s, in %.1f s, from the last checkpoint", what, delay)
         time.sleep(delay)
         from_savepoint = None  # restarts resume from the latest checkpoint
 
