@@ -5,10 +5,12 @@ the reply of the one execution that counted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +37,15 @@ def module_yaml(tmp: Path, port: int) -> None:
         + f"---\nkind: io.pystatefun.http.v1/ingress\nspec:\n  id: test/http\n  port: {port}\n"
         + "---\nkind: io.pystatefun.file.v1/egress\nspec:\n  id: test/out\n  path: out.jsonl\n"
     )
+
+
+def listening(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def run_args(tmp: Path) -> list[str]:
@@ -66,6 +77,7 @@ class RetryingClient(threading.Thread):
         try:
             for path, key in self.requests:
                 self.answers[key] = self._until_answered(path, key)
+                time.sleep(0.02)  # paced, so that the requests span every crash
         except BaseException as exc:  # reported by the test
             self.error = exc
 
@@ -124,6 +136,7 @@ def test_retries_with_keys_across_sigkills_count_once(tmp_path: Path) -> None:
         for client in clients:
             client.join(timeout=200)
             assert not client.is_alive(), f"seed {seed}: a client did not finish"
+        listening(port)  # its signal handlers are installed once it listens
     finally:
         final.send_signal(signal.SIGTERM)
         _, stderr = final.communicate(timeout=60)
