@@ -7,10 +7,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint unit bench clean
 
+# setuptools' editable install of a package whose subpackages live in other folders (sdk/,
+# ingress/, egress/ are statefun.sdk, ...) goes through an import hook, and setuptools then
+# warns that same-named folders in the working directory may shadow the package. Here the
+# same-named folder is the package itself, so the warning is dropped (only that one).
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 $(STAMP): pyproject.toml setup.py $(wildcard sdk/_proto/*.proto)
+	@echo "installing pystatefun into $(VENV) (first use, and when pyproject.toml changes)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,rocksdb]'
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(QUIET_EDITABLE) $(BIN)/python -m pip install -q -e '.[dev,rocksdb]'
 	@touch $@
 
 run: $(STAMP)

@@ -1,4 +1,5 @@
-"""Small helpers the benchmark scripts share: progress lines, percentiles, CPU time, ports."""
+"""Small helpers the benchmark scripts share: progress lines, percentiles, CPU time, ports, and
+the smoke mode (``--smoke``) that every benchmark has."""
 
 from __future__ import annotations
 
@@ -8,7 +9,38 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "free_port", "percentile", "progress"]
+__all__ = [
+    "SMOKE_HELP",
+    "BenchmarkCheckError",
+    "cpu_seconds",
+    "expect",
+    "free_port",
+    "percentile",
+    "progress",
+    "smoke_banner",
+]
+
+
+SMOKE_HELP = (
+    "a check that the benchmark still runs: every scenario at tiny sizes for a few seconds; "
+    "exits non-zero if anything fails (the figures mean nothing)"
+)
+
+
+class BenchmarkCheckError(RuntimeError):
+    """A benchmark's own correctness check failed (a count off, a record twice, ...)."""
+
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the run with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise BenchmarkCheckError(message)
+
+
+def smoke_banner() -> None:
+    """The first line of a smoke run's results on stdout."""
+    print("SMOKE RUN (--smoke): tiny sizes to check that the benchmark runs; figures meaningless")
+    print()
 
 
 def progress(text: str) -> None:

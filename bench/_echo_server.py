@@ -4,8 +4,8 @@ Answers every ``POST /statefun`` with the same FromFunction bytes, read once fro
 (the benchmark writes a real reply of the counter function there), after reading the request
 body. ``GET /health`` answers. Two servers:
 
-  aiohttp   (default) ``web.AppRunner`` and ``web.TCPSite``: the issue's "trivial aiohttp
-            echo server", and how ``make_app`` serves functions
+  aiohttp   (default) ``web.AppRunner`` and ``web.TCPSite``: the trivial aiohttp echo
+            server that the remote goal is set against, and how ``make_app`` serves functions
   builtin   ``statefun serve``'s own path (``statefun.sdk.serve``) with a handler that
             answers the fixed reply: the function server minus the SDK handler's work
 

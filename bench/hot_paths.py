@@ -18,6 +18,7 @@ commits by running it on both (the figures move by a few percent from run to run
 
     .venv/bin/python bench/hot_paths.py
     .venv/bin/python bench/hot_paths.py --rounds 100 --repeat 3   # quicker
+    .venv/bin/python bench/hot_paths.py --smoke   # does it still run? (a second)
 
 Progress goes to stderr; a Markdown table to stdout.
 """
@@ -39,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
 
-from bench._common import progress  # noqa: E402
+from bench._common import SMOKE_HELP, progress, smoke_banner  # noqa: E402
 from bench._jvm_counter import functions  # noqa: E402
 from statefun._keygroups import key_group_for  # noqa: E402
 from statefun._settings import Settings  # noqa: E402
@@ -143,7 +144,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300, help="batches per measurement")
     parser.add_argument("--repeat", type=int, default=5, help="measurements; the best counts")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.repeat = 3, 1
     best: dict[str, float] = {}
     for attempt in range(1, args.repeat + 1):
         progress(f"round {attempt}/{args.repeat}")
@@ -154,6 +158,8 @@ async def main() -> None:
         }
         for step, seconds in found.items():
             best[step] = min(best.get(step, float("inf")), seconds)
+    if args.smoke:
+        smoke_banner()
     print(f"Python {platform.python_version()}; best of {args.repeat} x {args.rounds} batches")
     print()
     print("| step | us per record |")

@@ -1,7 +1,8 @@
 """Kafka end to end: Kafka -> counter function -> Kafka, records per second and latency.
 
-A real Kafka 4.x broker (``statefun._testing.kafka_broker.KafkaBroker``, one node, 127.0.0.1)
-is started for the run. Each scenario runs its processor as its own process:
+A real Kafka 4.x broker (``statefun._kafka_local.broker.KafkaBroker``, one node, 127.0.0.1)
+is started for the run, or an existing one is used (``--bootstrap``). Each scenario runs its
+processor as its own process:
 
   loop-alo    ceiling: a plain kafka-python consume-and-produce loop (bench/_kafka_loop.py);
               every second it flushes the producer, then commits the consumed offsets
@@ -27,11 +28,13 @@ Two phases per scenario, one processor process:
    same consumer subtracts it from its own clock at arrival: p50/p99 end to end.
 
 The processor's CPU time (user + system, all threads) during the latency phase, as a share of
-one core, and its peak RSS (VmHWM) are reported too: they depend less on what else runs.
+one core, and its peak RSS (VmHWM) are reported too: they depend less on what else runs. Every
+latency record must arrive, and no record twice.
 
     .venv/bin/python bench/kafka_e2e.py            # about 2.5 minutes
     .venv/bin/python bench/kafka_e2e.py --quick    # about 1 minute
     .venv/bin/python bench/kafka_e2e.py --only sf-eo
+    .venv/bin/python bench/kafka_e2e.py --smoke --bootstrap 127.0.0.1:9092  # does it run?
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
 """
@@ -55,8 +58,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._common import cpu_seconds, percentile, progress  # noqa: E402
-from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+from bench._common import (  # noqa: E402
+    SMOKE_HELP,
+    cpu_seconds,
+    expect,
+    percentile,
+    progress,
+    smoke_banner,
+)
+from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
@@ -146,18 +156,18 @@ class Reader:
 
 
 def start_processor(
-    name: str, bootstrap: str, topics: list[str], out: str, tmp: Path, log_level: str
+    name: str, bootstrap: str, topics: list[str], out: str, tmp: Path, args: argparse.Namespace
 ) -> subprocess.Popen[bytes]:
     processor, semantic = SCENARIOS[name]
     group = f"{out}-group"
     log = tmp / f"{name}.log"
     if processor != "pystatefun":
-        args = [PYTHON, str(LOOP), "--bootstrap", bootstrap, "--topics", ",".join(topics)]
-        args += ["--out", out, "--group", group, "--interval-ms", str(INTERVAL_MS)]
+        command = [PYTHON, str(LOOP), "--bootstrap", bootstrap, "--topics", ",".join(topics)]
+        command += ["--out", out, "--group", group, "--interval-ms", str(args.interval_ms)]
         if semantic == "exactly-once":
-            args.append("--transactional")
+            command.append("--transactional")
         with log.open("wb") as err:
-            return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
     topic_specs = "".join(
         f"    - topic: {t}\n      valueType: bench/Stamp\n      targets:\n        - bench/counter\n"
         for t in topics
@@ -175,13 +185,13 @@ def start_processor(
         f"  address: {bootstrap}\n  deliverySemantic:\n    type: {semantic}\n{timeout}"
         f"  properties:\n    - transactional.id: {out}-tx\n"
     )
-    args = [PYTHON, "-m", "statefun", "--log-level", log_level, "run", str(module)]
-    args += ["--set", f"checkpoint_dir={tmp / name / 'checkpoints'}"]
-    args += ["--set", f"checkpoint_interval_ms={INTERVAL_MS}"]
-    args += ["--set", f"dead_letter_path={tmp / name / 'dead.jsonl'}"]
+    command = [PYTHON, "-m", "statefun", "--log-level", args.log_level, "run", str(module)]
+    command += ["--set", f"checkpoint_dir={tmp / name / 'checkpoints'}"]
+    command += ["--set", f"checkpoint_interval_ms={args.interval_ms}"]
+    command += ["--set", f"dead_letter_path={tmp / name / 'dead.jsonl'}"]
     env = {**os.environ, "BENCH_KAFKA_OUT": out}
     with log.open("wb") as err:
-        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp)
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp)
 
 
 def run_scenario(
@@ -192,7 +202,7 @@ def run_scenario(
     live, out = f"{tag}-live", f"{tag}-out"
     create_topics(bootstrap, live, out)
     reader = Reader(bootstrap, out)
-    process = start_processor(name, bootstrap, [backlog, live], out, tmp, args.log_level)
+    process = start_processor(name, bootstrap, [backlog, live], out, tmp, args)
     n = args.records
     latency_count = int(args.rate * args.seconds)
     arrivals: list[float] = []  # time of each poll that brought backlog records
@@ -211,9 +221,10 @@ def run_scenario(
             if got:
                 seen += got
                 arrivals.append(time.monotonic())
+        expect(seen == n, f"{name}: {seen} backlog records arrived, expected {n}")
         # Exactly-once: the first commit holds the work of the first interval.
-        lead = INTERVAL_MS / 1000 if semantic == "exactly-once" else 0.0
-        drain = arrivals[-1] - arrivals[0] + lead
+        lead = args.interval_ms / 1000 if semantic == "exactly-once" else 0.0
+        drain = max(arrivals[-1] - arrivals[0] + lead, 0.001)  # tiny runs: one poll
         rate = n / drain
         progress(f"[{name}]   {rate:,.0f} records/s ({n:,} in {drain:.2f} s)")
 
@@ -235,7 +246,7 @@ def run_scenario(
                     extra += 1
         cpu_percent = 100 * (cpu_seconds(process.pid) - cpu_before) / (time.monotonic() - started)
         # A little longer: records seen twice would show up now (there should be none).
-        settle = time.monotonic() + 2 * INTERVAL_MS / 1000
+        settle = time.monotonic() + 2 * args.interval_ms / 1000
         late = 0
         while time.monotonic() < settle:
             late += len(reader.poll())
@@ -251,8 +262,10 @@ def run_scenario(
                 process.kill()
                 process.wait()
         reader.close()
-    if len(latencies) < latency_count:
-        progress(f"[{name}]   only {len(latencies)} of {latency_count} latency records arrived")
+    expect(
+        len(latencies) >= latency_count,
+        f"{name}: only {len(latencies)} of {latency_count} latency records arrived",
+    )
     ordered = sorted(latencies)
     result = Result(
         name=name,
@@ -272,6 +285,7 @@ def run_scenario(
         f"({len(ordered)} records), CPU {cpu_percent:.0f}% of a core, peak RSS {rss:.0f} MB, "
         f"duplicates {result.duplicates}, exit {process.returncode}"
     )
+    expect(result.duplicates == 0, f"{name}: {result.duplicates} records arrived twice")
     return result
 
 
@@ -304,7 +318,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         f"backlog {args.records:,} records over {PARTITIONS} partitions, {KEYS:,} keys; "
         f"latency and CPU at {args.rate:,.0f} records/s for {args.seconds:g} s; "
         f"checkpoints (pystatefun) and offset commits / transactions (loop) every "
-        f"{INTERVAL_MS} ms\n"
+        f"{args.interval_ms} ms\n"
     )
     print(
         "| scenario | processor | delivery | records/s | p50 latency | p99 latency | "
@@ -343,12 +357,26 @@ def main() -> int:
     parser.add_argument("--only", action="append", choices=list(SCENARIOS))
     parser.add_argument("--log-level", default="warning", help="of the runtime processes")
     parser.add_argument("--log-dir", help="keep the processors' logs here (default: dropped)")
+    parser.add_argument(
+        "--interval-ms",
+        type=int,
+        default=INTERVAL_MS,
+        help=f"checkpoints / commits every so many ms (default {INTERVAL_MS})",
+    )
+    parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.records, args.seconds, args.rate, args.interval_ms = 2_000, 1.0, 500.0, 200
     args.records = args.records or (100_000 if args.quick else 300_000)
     args.seconds = args.seconds or (4.0 if args.quick else 15.0)
     names = args.only or list(SCENARIOS)
-    progress(f"starting a Kafka {kafka_version()} broker")
-    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="kafka-e2e-") as tmp:
+    if args.bootstrap:
+        broker = KafkaBroker.external(args.bootstrap)
+    else:
+        progress(f"starting a Kafka {kafka_version()} broker")
+        broker = KafkaBroker()
+    with broker, tempfile.TemporaryDirectory(prefix="kafka-e2e-") as tmp:
         work = Path(args.log_dir) if args.log_dir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         bootstrap = broker.bootstrap_servers
@@ -361,6 +389,8 @@ def main() -> int:
             raise RuntimeError("producing the backlog failed")
         progress(f"  {args.records / (time.monotonic() - started):,.0f} records/s produced")
         results = [run_scenario(n, bootstrap, backlog, args, work) for n in names]
+    if args.smoke:
+        smoke_banner()
     report(results, args)
     return 0
 

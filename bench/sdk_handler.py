@@ -11,6 +11,7 @@ same bytes.
 
     .venv/bin/python bench/sdk_handler.py            # full run, a few minutes
     .venv/bin/python bench/sdk_handler.py --quick    # a short run
+    .venv/bin/python bench/sdk_handler.py --smoke    # does it still run? (seconds)
 
 Prints progress on stderr and a Markdown table on stdout.
 """
@@ -34,7 +35,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH.parent) not in sys.path:
     sys.path.insert(0, str(BENCH.parent))
 
-from bench._common import progress  # noqa: E402
+from bench._common import SMOKE_HELP, expect, progress, smoke_banner  # noqa: E402
 from statefun import IntType  # noqa: E402
 from statefun._testing.peers import ensure_peer_venv  # noqa: E402
 from statefun.sdk._proto import request_reply_pb2 as pb  # noqa: E402
@@ -107,9 +108,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one timed run")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before timing")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the best counts")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.warmup, args.repeats = 0.25, 0.1, 2
+    if args.smoke:
+        args.seconds, args.warmup, args.repeats = 0.02, 0.0, 1
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
     sdks: dict[str, Path | str] = {"pystatefun": sys.executable}
@@ -136,18 +140,24 @@ def main() -> int:
                     expected_home = (
                         BENCH.parent if label == "pystatefun" else Path(python).parents[1]
                     )
-                    if not Path(out["statefun"]).is_relative_to(expected_home):
-                        raise AssertionError(f"{label} ran the statefun of {out['statefun']}")
+                    expect(
+                        Path(out["statefun"]).is_relative_to(expected_home),
+                        f"{label} ran the statefun of {out['statefun']}",
+                    )
                     results[label, batch, mode] = out["invocations_per_s"]
                     answers[label] = base64.b64decode(out["response_b64"])
                     progress(f"    {out['invocations_per_s']:>12,.0f} invocations/s")
                 check_response(batch, answers["pystatefun"])
                 for label, answer in answers.items():
-                    if answer != answers["pystatefun"]:
-                        raise AssertionError(f"{label} answered other bytes than pystatefun")
+                    expect(
+                        answer == answers["pystatefun"],
+                        f"batch {batch} {mode}: {label} answered other bytes than pystatefun",
+                    )
     progress(f"done in {time.monotonic() - started:.0f} s")
 
     peers = [label for label in sdks if label != "pystatefun"]
+    if args.smoke:
+        smoke_banner()
     print(
         f"SDK handler, invocations/s (best of {args.repeats} x {args.seconds:g} s, "
         f"{os.cpu_count()} cores, Python {platform.python_version()})\n"

@@ -45,6 +45,10 @@ Producers run in another process; the reader (read_committed) in this one.
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 3  # medians of 3 runs each
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --phases backlog --runtimes pystatefun
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --smoke     # does it run? (1-2 minutes)
+
+A run exits non-zero if a phase failed; a smoke run also if a phase's outputs are not exactly
+its records (hot key: counts consecutive), or a runtime reported dead letters or job failures.
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
 """
@@ -70,7 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._common import cpu_seconds, percentile  # noqa: E402
+from bench._common import SMOKE_HELP, cpu_seconds, expect, percentile, smoke_banner  # noqa: E402
 from bench._common import progress as say  # noqa: E402
 from bench._jvm_processes import (  # noqa: E402
     PEER_DIR,
@@ -87,7 +91,7 @@ from bench._jvm_processes import (  # noqa: E402
     start_statefun_jvm,
     wait_checkpoints,
 )
-from statefun._testing.kafka_broker import KafkaBroker, kafka_version  # noqa: E402
+from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 TEMPLATE = PEER_DIR / "bench-counter-module.yaml"
 FUNCTION = "bench/_jvm_counter.py:functions"
@@ -224,6 +228,7 @@ def run_one(
     phases: list[Phase],
     work: Path,
     heap: str,
+    strict: bool = False,
 ) -> Run:
     tag = f"{runtime}-{semantic}-{uuid.uuid4().hex[:6]}"
     in_topic = f"bench-in-{tag}"
@@ -261,7 +266,7 @@ def run_one(
         with Reader(bootstrap, [p.topic for p in phases]) as reader:
             for phase in phases:
                 try:
-                    run_phase(phase, proc, reader, bootstrap, in_topic, server, failures)
+                    run_phase(phase, proc, reader, bootstrap, in_topic, server, failures, strict)
                     if phase.name == "warm-up":
                         wait_checkpoints(proc, checkpoints, 1, 120)
                 except (RuntimeError, TimeoutError) as exc:
@@ -298,7 +303,10 @@ def run_phase(
     in_topic: str,
     server: Proc,
     failures: Callable[[], list[str]],
+    strict: bool = False,
 ) -> None:
+    """Run one phase; ``strict``: its outputs must be exactly its records (hot key: counts
+    consecutive), else it fails."""
     # A backlog is produced while the runtime is paused; the phase starts at the resume.
     if phase.backlog:
         os.killpg(proc.process.pid, signal.SIGSTOP)
@@ -343,7 +351,12 @@ def run_phase(
     phase.max_ms = latencies[-1] * 1000
     counts = [int(r.value.split(b" ")[2]) for r in records]
     if phase.keys == 1 and sorted(counts) != list(range(counts[0], counts[0] + len(counts))):
+        expect(not strict, f"hot-key counts are not consecutive in {phase.name}")
         say(f"  NOTE: hot-key counts are not consecutive in {phase.name} (duplicates or gaps)")
+    expect(
+        not strict or phase.outputs == phase.count,
+        f"{phase.outputs} outputs in {phase.name}, expected {phase.count}",
+    )
 
 
 # -- reporting -----------------------------------------------------------------------------------
@@ -461,7 +474,13 @@ def main() -> int:
         choices=("all", "throughput", "latency", "backlog"),
         help="which phases run after the warm-up (default: all)",
     )
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        # Every phase of both runtimes and semantics, a few hundred records each: most of the
+        # time goes to starting StateFun's JVM runtime and its first checkpoints.
+        args.records = args.backlog_records = 300
+        args.rate, args.latency_seconds, args.repeat = 300.0, 1.0, 1
     missing = missing_jvm_tools()
     if missing:
         say(f"cannot run: {missing}")
@@ -488,7 +507,8 @@ def main() -> int:
                 Phase("one hot key, backlog", 1, backlog, None, backlog=True),
             ],
         }
-        warm_up = Phase("warm-up", MANY_KEYS, 3_000 if args.quick else 10_000, 2_000.0)
+        warm_up_records = 300 if args.smoke else 3_000 if args.quick else 10_000
+        warm_up = Phase("warm-up", MANY_KEYS, warm_up_records, 2_000.0)
         chosen = groups if args.phases == "all" else {args.phases: groups[args.phases]}
         return [warm_up, *(phase for group in chosen.values() for phase in group)]
 
@@ -527,11 +547,14 @@ def main() -> int:
                                     phases(),
                                     work,
                                     args.heap,
+                                    strict=args.smoke,
                                 )
                             )
             finally:
                 server.stop()
     load = os.getloadavg()
+    if args.smoke:
+        smoke_banner()
     print(versions)
     print(
         f"records per throughput phase: {records:,}; per backlog phase: {backlog:,}; latency "
@@ -552,6 +575,12 @@ def main() -> int:
     for run in merged:
         if run.note:
             print(f"note: {run.runtime} {run.semantic}: {run.note}")
+    failed = [f"{r.runtime} {r.semantic}" for r in runs if any(p.failed for p in r.phases)]
+    if args.smoke:
+        failed += [f"{r.runtime} {r.semantic}: {r.note}" for r in runs if r.note]
+    if failed:
+        say(f"FAILED: {'; '.join(failed)}")
+        return 1
     return 0
 
 

@@ -129,6 +129,10 @@ class Sink(abc.ABC):
 
     #: Whether records wait for a checkpoint before they become visible.
     transactional: bool = False
+    #: Whether ``recover`` also takes back what was committed after that checkpoint (a file is
+    #: cut back to its length at the cut), so that restoring an older checkpoint than the last
+    #: one committed (the newest was damaged) keeps every record exactly once.
+    rewinds: bool = False
 
     def unsealed(self) -> int:
         """Records written since the last cut that the next ``pre_commit`` would seal (0 for a

@@ -6,6 +6,8 @@ the file's length at the cut; when the checkpoint completes they are appended an
 (``commit``). After a crash, ``recover`` cuts the file back to that length and appends the
 transaction again, so every line is in the file once, whether or not the commit had happened.
 Readers see lines only once they are committed. Nothing else may write to the file.
+Restoring an older checkpoint than the last committed one (the newest was damaged) cuts the
+file back the same way, to that checkpoint's cut: the lines after it are written again, once.
 
 At least once: lines are appended on every flush (every 50 ms) and may repeat after a crash.
 """
@@ -24,6 +26,8 @@ __all__ = ["FileSink"]
 
 
 class FileSink(Sink):
+    rewinds = True  # recover() cuts the file back to its committed length at the cut
+
     def __init__(self, egress_id: str, path: Path, exactly_once: bool = True) -> None:
         super().__init__(egress_id)
         self.path = Path(path)

@@ -3,12 +3,17 @@
 A message is acknowledged only once it is durable here. Records are appended to segment files
 (``wal-<first sequence number>.log``) and fsynced in groups: every request that arrived while
 the previous fsync ran shares the next one. Each record is framed as
-``length (4 bytes) | crc32 (4 bytes) | msgpack [seq, typename, id, caller, type, has, value]``;
-a torn record at the end of the last segment (a crash during a write) is cut off on open.
+``length (4 bytes) | crc32 (4 bytes) | msgpack [seq, typename, id, caller, type, has, value]``,
+followed by ``[key, fingerprint, accepted_ms]`` when the request carried an ``Idempotency-Key``
+(records without it, as older segments hold, have seven fields); a torn record at the end of
+the last segment (a crash during a write) is cut off on open.
 
 The checkpoint keeps the sequence number of the last record handed to the runtime; after a
-restart every later record is replayed. Segments whose records are all covered by a complete
-checkpoint are deleted.
+restart every later record is replayed. Segments whose records are all covered by the oldest
+of the last ``retained`` complete checkpoints are deleted: a restart that falls back past a
+damaged newest checkpoint to an older retained one still finds every record after that one's
+cut (``trim`` is told each completed checkpoint's sequence number, in order; after a restart
+nothing is deleted until ``retained`` checkpoints have completed again).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import os
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +32,33 @@ import msgpack
 
 from statefun._files import fsync_dir
 
-__all__ = ["WriteAheadLog"]
+__all__ = ["WriteAheadLog", "frame", "read_frames"]
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<II")
 _SEGMENT_BYTES = 64 << 20
+
+
+def frame(record: list[Any]) -> bytes:
+    """One record as it is stored: length, crc32, msgpack body."""
+    body: bytes = msgpack.packb(record, use_bin_type=True)
+    return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def read_frames(path: Path) -> Iterator[tuple[int, list[Any]]]:
+    """(offset after the record, record) of each whole, intact record of a file, up to the
+    first torn or damaged one."""
+    with path.open("rb") as f:
+        data = f.read()
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, crc = _HEADER.unpack_from(data, offset)
+        body = data[offset + _HEADER.size : offset + _HEADER.size + length]
+        if len(body) < length or zlib.crc32(body) != crc:
+            return
+        offset += _HEADER.size + length
+        yield offset, msgpack.unpackb(body, raw=False)
 
 
 def _segment_start(path: Path) -> int:
@@ -41,9 +68,13 @@ def _segment_start(path: Path) -> int:
 class WriteAheadLog:
     """Append-only, fsynced in groups; blocking methods run in a worker thread."""
 
-    def __init__(self, directory: Path, segment_bytes: int = _SEGMENT_BYTES) -> None:
+    def __init__(
+        self, directory: Path, segment_bytes: int = _SEGMENT_BYTES, retained: int = 3
+    ) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
+        #: sequence numbers of the last ``retained`` completed checkpoints, oldest first
+        self._checkpointed: deque[int] = deque(maxlen=max(1, retained))
         self.last_seq = 0
         self._file: Any = None
         self._size = 0
@@ -89,8 +120,7 @@ class WriteAheadLog:
         chunks = []
         for record in records:
             self.last_seq += 1
-            body = msgpack.packb([self.last_seq, *record], use_bin_type=True)
-            chunks.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+            chunks.append(frame([self.last_seq, *record]))
         data = b"".join(chunks)
         self._file.write(data)
         self._file.flush()
@@ -106,7 +136,13 @@ class WriteAheadLog:
                     yield record
 
     def trim(self, up_to_seq: int) -> int:
-        """Delete segments holding only records <= ``up_to_seq``; how many were deleted."""
+        """A checkpoint covering the records <= ``up_to_seq`` completed: delete the segments
+        that hold only records the oldest of the last ``retained`` checkpoints covers; how
+        many were deleted."""
+        self._checkpointed.append(up_to_seq)
+        if len(self._checkpointed) < (self._checkpointed.maxlen or 1):
+            return 0
+        up_to_seq = self._checkpointed[0]
         segments = self.segments()
         deleted = 0
         for current, following in itertools.pairwise(segments):
@@ -125,16 +161,7 @@ class WriteAheadLog:
     @staticmethod
     def _records(path: Path) -> Iterator[tuple[int, list[Any]]]:
         """(offset after the record, record) of each whole, intact record of a segment."""
-        with path.open("rb") as f:
-            data = f.read()
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, crc = _HEADER.unpack_from(data, offset)
-            body = data[offset + _HEADER.size : offset + _HEADER.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
-                return
-            offset += _HEADER.size + length
-            yield offset, msgpack.unpackb(body, raw=False)
+        return read_frames(path)
 
     def _scan(self, path: Path) -> tuple[int, int]:
         """(bytes of whole records, last seq in them) of a segment."""

@@ -55,6 +55,12 @@ class IngressContext(Protocol):
         """Whether some endpoint of the module serves ``typename``."""
         ...
 
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
+        """A record that cannot become a message goes to the runtime's dead letters: ``fields``
+        say what it was and why (``reason``; ``target`` and ``id`` when known, so that it can
+        be replayed), ``value`` is a typed value (``typename``, ``value`` bytes)."""
+        ...
+
 
 class Source(abc.ABC):
     """An ingress. ``run`` returns when a bounded source is exhausted."""

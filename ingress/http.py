@@ -5,13 +5,16 @@
   message's caller is ``pystatefun.http/reply:<request id>``, and whatever the function sends
   to its caller (``context.send(message_builder(context.caller.typename, context.caller.id,
   ...))``) is the response body, typed by the ``X-Statefun-Typename`` header. 504 after the
-  reply timeout.
+  reply timeout; 422 with the reason at once if the message goes to the dead letters.
 * ``GET /health``.
 
 The value's type: a ``typename`` query parameter or an ``X-Statefun-Typename`` header names
 it and the body is its encoded bytes - except that a ``text/plain`` body for a built-in type
 is parsed from text (``42``, ``true``). Without a typename a ``text/plain`` body is a
 io.statefun.types/string. Everything else is a 4xx with a one-line reason.
+
+A request with an ``Idempotency-Key`` header whose key was seen before gets the first
+request's outcome instead of being processed again (``ingress/_idempotency.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from statefun._http.server import HttpServer, Reply, Request, media_type, plain
+from statefun._exceptions import UndeliverableError
+from statefun._http.server import HttpServer, Reply, Request, ServerOptions, media_type, plain
+from statefun.ingress._idempotency import HEADER_KEY, IdempotentRequests
+from statefun.ingress._keystore import Entry
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source
@@ -67,9 +73,17 @@ class HttpSource(Source):
         replies: dict[str, asyncio.Future[Any]] | None = None,
         wal_dir: Path | None = None,
         log_calls: bool = True,
+        wal_retained: int = 3,  # checkpoints_retained: the WAL keeps what the oldest needs
+        held_replies: Callable[[], Sequence[tuple[str, Any]]] | None = None,
+        idempotency_retention_s: float = 86_400.0,
+        idempotency_max_keys: int = 1_000_000,
+        idempotency_max_reply_bytes: int = 256 << 20,
+        server_options: ServerOptions | None = None,
     ) -> None:
         super().__init__(ingress_id)
-        self.wal = WriteAheadLog(wal_dir) if wal_dir is not None else None
+        #: the server's limits, Host allow-list, bearer token and TLS (``_http.defences``)
+        self.server_options = server_options or ServerOptions()
+        self.wal = WriteAheadLog(wal_dir, retained=wal_retained) if wal_dir is not None else None
         #: whether /call messages go through the WAL too. Not when replies are held until a
         #: checkpoint: the reply is then the acknowledgement, sent only once a checkpoint
         #: holds the message or its effects, and a call lost in a crash failed visibly.
@@ -84,6 +98,16 @@ class HttpSource(Source):
         self.reply_timeout_s = reply_timeout_s
         self.max_pending = max_pending
         self.replies: dict[str, asyncio.Future[Any]] = {} if replies is None else replies
+        #: Idempotency-Keys; kept next to the WAL (so across crashes) when there is one
+        self.keys = IdempotentRequests(
+            ingress_id,
+            idempotency_retention_s,
+            idempotency_max_keys,
+            idempotency_max_reply_bytes,
+            wal_dir,
+            self.replies,
+            held_replies,
+        )
         self._context: IngressContext | None = None
         self._server: HttpServer | None = None
         self._ids = itertools.count()
@@ -93,10 +117,17 @@ class HttpSource(Source):
 
     async def start(self) -> None:
         if self.wal is not None:
-            await asyncio.to_thread(self.wal.open)
-        self._server = HttpServer(self)
+            wal, keys = self.wal, self.keys
+            await asyncio.to_thread(wal.open)
+            keyed, logged = await asyncio.to_thread(
+                lambda: ([r for r in wal.read_after(0) if len(r) > 7], keys.read_log())
+            )
+            keys.load(logged, keyed, self.position)  # on the loop: restored calls' futures
+        self._server = HttpServer(
+            self, options=self.server_options, name=f"HTTP ingress {self.ingress_id}"
+        )
         self.port = await self._server.start(self.host, self.port)
-        log.info("ingress %s listening on http://%s:%d", self.ingress_id, self.host, self.port)
+        log.info("ingress %s listening on %s", self.ingress_id, self.url)
 
     async def run(self, context: IngressContext) -> None:
         if self.wal is not None:
@@ -118,19 +149,29 @@ class HttpSource(Source):
             self._server = None
         if self.wal is not None:
             self.wal.close()
+        self.keys.close()
 
     # -- durability: the write-ahead log -------------------------------------------------------
 
     def snapshot_position(self) -> Any:
         self._checkpointed = self.position
-        return {"seq": self.position}
+        keys = self.keys.snapshot()
+        return {"seq": self.position} if keys is None else {"seq": self.position, "keys": keys}
 
     async def restore_position(self, position: Any) -> None:
         self.position = int(position["seq"])
+        self.keys.restore(position.get("keys"))
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         if self.wal is not None:
-            await asyncio.to_thread(self.wal.trim, self._checkpointed)
+            wal, keys, covered = self.wal, self.keys, self._checkpointed
+            records = keys.sealed_records()
+
+            def write() -> None:  # keys first: trimmed segments may hold the only copy
+                keys.write_log(records)
+                wal.trim(covered)
+
+            await asyncio.to_thread(write)
 
     async def _replay(self, context: IngressContext) -> None:
         assert self.wal is not None
@@ -140,7 +181,7 @@ class HttpSource(Source):
             log.info(
                 "ingress %s: replaying %d message(s) from its WAL", self.ingress_id, len(records)
             )
-        for seq, typename, id_, caller, v_typename, has_value, value in records:
+        for seq, typename, id_, caller, v_typename, has_value, value, *_ in records:
             await context.room()
             context.emit(
                 typename, id_, TypedValue(v_typename, value if has_value else None), _caller(caller)
@@ -159,13 +200,15 @@ class HttpSource(Source):
             last = await asyncio.to_thread(self.wal.append, [record for record, _ in group])
             await context.room()
             for record, _ in group:
-                typename, id_, caller, v_typename, has_value, value = record
+                typename, id_, caller, v_typename, has_value, value, *key = record
                 context.emit(
                     typename,
                     id_,
                     TypedValue(v_typename, value if has_value else None),
                     _caller(caller),
                 )
+                if key:
+                    self.keys.emitted(key[0][0], None if caller is None else caller[2], key[0])
             self.position = last
             for _, future in group:
                 if not future.done():
@@ -178,6 +221,7 @@ class HttpSource(Source):
         value: TypedValue,
         caller: SdkAddress | None,
         durable: bool = True,
+        key: Entry | None = None,
     ) -> None:
         """Hand a message to the runtime: durably first when there is a WAL."""
         context = self._admit()
@@ -185,8 +229,10 @@ class HttpSource(Source):
         try:
             if self.wal is None or not durable:
                 await context.submit(typename, id_, value, caller)
+                if key is not None:  # in the loop step the message entered the runtime
+                    self.keys.emitted(key.key, None if caller is None else caller.id)
                 return
-            record = [
+            record: list[Any] = [
                 typename,
                 id_,
                 None if caller is None else [caller.namespace, caller.name, caller.id],
@@ -194,6 +240,8 @@ class HttpSource(Source):
                 value.has_value,
                 value.value,
             ]
+            if key is not None:
+                record.append(self.keys.wal_fields(key))
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._group.append((record, future))
             self._group_ready.set()
@@ -203,7 +251,8 @@ class HttpSource(Source):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.server_options.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     # -- requests (the built-in HTTP server's Application) ---------------------------------
 
@@ -260,6 +309,9 @@ class HttpSource(Source):
             value = self._value(request, body)
         except _Refused as exc:
             return exc.reply
+        idempotency_key = request.headers.get(HEADER_KEY)
+        if idempotency_key is not None:
+            return self._keyed(idempotency_key, kind, typename, id_, value)
         if kind == "messages":
             return self._send(typename, id_, value)
         return self._call(typename, id_, value)
@@ -294,32 +346,53 @@ class HttpSource(Source):
         assert self._context is not None
         return self._context
 
-    async def _send(self, typename: str, id_: str, value: TypedValue) -> Reply:
+    def _keyed(
+        self, key: str, kind: str, typename: str, id_: str, value: TypedValue
+    ) -> Coroutine[Any, Any, Reply]:
+        """A request with an Idempotency-Key: processed once, its outcome answered again."""
+
+        def run(entry: Entry) -> Coroutine[Any, Any, Reply]:
+            if kind == "messages":
+                return self._send(typename, id_, value, entry)
+            return self._call(typename, id_, value, entry)
+
+        return self.keys.answer(key, kind, typename, id_, value, run, _reply, self.reply_timeout_s)
+
+    async def _send(
+        self, typename: str, id_: str, value: TypedValue, key: Entry | None = None
+    ) -> Reply:
         try:
-            await self._deliver(typename, id_, value, None)
+            await self._deliver(typename, id_, value, None, key=key)
         except _Refused as exc:
             return exc.reply
         self.accepted += 1
         return plain(202, "accepted")
 
-    async def _call(self, typename: str, id_: str, value: TypedValue) -> Reply:
+    async def _call(
+        self, typename: str, id_: str, value: TypedValue, key: Entry | None = None
+    ) -> Reply:
         request_id = f"{self._prefix}-{next(self._ids)}"
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.replies[request_id] = future
+        if key is not None:  # the reply is recorded for the key even if this caller leaves
+            self.keys.calling(key, request_id, future)
         try:
             caller = SdkAddress(
                 REPLY_NAMESPACE, REPLY_NAME, request_id, f"{REPLY_NAMESPACE}/{REPLY_NAME}"
             )
-            await self._deliver(typename, id_, value, caller, durable=self.log_calls)
+            await self._deliver(typename, id_, value, caller, durable=self.log_calls, key=key)
             self.accepted += 1
             try:
-                reply = await asyncio.wait_for(future, self.reply_timeout_s)
+                reply = await asyncio.wait_for(asyncio.shield(future), self.reply_timeout_s)
             except TimeoutError:
                 return plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+            except UndeliverableError as exc:  # the message went to the dead letters
+                return plain(422, f"{typename}/{id_}: {exc}")
         except _Refused as exc:
             return exc.reply
         finally:
-            self.replies.pop(request_id, None)
+            if key is None or not key.emitted:
+                self.replies.pop(request_id, None)
         return _reply(reply)
 
 

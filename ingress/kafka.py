@@ -13,9 +13,12 @@ the topic's ``valueType`` (StateFun's routable Kafka ingress does the same; no w
 * kafka-python is a blocking client: every consumer call runs on one dedicated thread; the
   event loop only routes the polled batches (one batch is fetched ahead).
 * A record that cannot become a message (no key, a key that is not UTF-8, no value, a value
-  that is not valid for a built-in ``valueType``, a target no endpoint serves) is logged with
-  its topic, partition and offset, sent to the dead-letter topic if
-  ``pystatefun.dead-letter.topic`` is set, and skipped. It never stops the job.
+  that is not valid for a built-in ``valueType`` or for a JSON one - those named by
+  ``pystatefun.json-value-types`` -, a target no endpoint serves) is logged with its topic,
+  partition and offset, written to the runtime's dead letters (``dead_letter_path``, the
+  reason naming topic, partition and offset), also to the dead-letter topic if
+  ``pystatefun.dead-letter.topic`` is set, and skipped. It never stops the job, and the
+  records behind it go on.
 
 See docs/kafka.md.
 """
@@ -23,6 +26,8 @@ See docs/kafka.md.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import re
 import time
@@ -42,6 +47,7 @@ from statefun.sdk._types import TypedValue
 __all__ = [
     "DEAD_LETTER_TOPIC",
     "DISCOVERY_INTERVAL",
+    "JSON_VALUE_TYPES",
     "KafkaSource",
     "import_kafka",
     "kafka_client_config",
@@ -51,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: Property: the topic that receives records the ingress (or egress) cannot handle.
 DEAD_LETTER_TOPIC = "pystatefun.dead-letter.topic"
+#: Property: valueTypes (comma-separated; ``*``: every one that is not built in) whose values
+#: must be JSON text; a record whose value is not is a dead letter, not a message.
+JSON_VALUE_TYPES = "pystatefun.json-value-types"
 #: Property: how often to look for new partitions and for topics that did not exist yet.
 DISCOVERY_INTERVAL = "pystatefun.partition-discovery.interval.ms"
 
@@ -79,7 +88,9 @@ def import_kafka() -> Any:
     global _QUIETED
     if not _QUIETED:
         _QUIETED = True
-        logging.getLogger("kafka.cluster").addFilter(_drop_cancelled_refresh)
+        cluster = logging.getLogger("kafka.cluster")
+        cluster.addFilter(_drop_cancelled_refresh)
+        cluster.addFilter(_NewTopicFilter())
         library = logging.getLogger("kafka")
         if library.level == logging.NOTSET:  # its INFO lines (every connection) drown ours
             library.setLevel(logging.WARNING)
@@ -119,6 +130,30 @@ def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
         and bool(args)
         and type(args[0]).__name__ == "Cancelled"
     )
+
+
+class _NewTopicFilter(logging.Filter):
+    """kafka-python logs an ERROR the first time it asks for a topic the broker does not know
+    yet, also when the broker then creates it (``auto.create.topics.enable``): the first
+    write to a new topic is a normal event. The first such line per topic is logged at DEBUG
+    instead; a topic still missing at the next metadata refresh is an ERROR as before."""
+
+    _MESSAGE = "Topic %s not found in cluster metadata"
+    _LIMIT = 10_000  # topics remembered; past that, every line passes
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self._MESSAGE or not isinstance(record.args, tuple) or not record.args:
+            return True
+        topic = str(record.args[0])
+        if topic in self._seen or len(self._seen) >= self._LIMIT:
+            return True
+        self._seen.add(topic)
+        log.debug("topic %s is not in the cluster's metadata yet (the broker may create it)", topic)
+        return False
 
 
 _JAAS_USER = re.compile(r'username\s*=\s*"([^"]*)"')
@@ -217,14 +252,23 @@ class _Route:
 
     __slots__ = ("single", "targets", "unknown", "validate", "value_type")
 
-    def __init__(self, spec: KafkaTopicSpec, context: IngressContext) -> None:
+    def __init__(
+        self,
+        spec: KafkaTopicSpec,
+        context: IngressContext,
+        json_types: frozenset[str] = frozenset(),
+    ) -> None:
         self.value_type = spec.value_type
         self.targets = [t for t in spec.targets if context.is_function_type(t)]
         self.unknown = [t for t in spec.targets if not context.is_function_type(t)]
         #: the one target, when there is one and no unknown one: records go out in runs
         self.single = self.targets[0] if len(self.targets) == 1 and not self.unknown else None
         builtin = BUILTIN_TYPES.get(spec.value_type)
-        self.validate = None if builtin is None else builtin.serializer().deserialize
+        self.validate: Callable[[bytes], Any] | None = (
+            builtin.serializer().deserialize if builtin is not None else None
+        )
+        if builtin is None and (spec.value_type in json_types or "*" in json_types):
+            self.validate = json.loads
 
 
 class KafkaSource(Source):
@@ -260,6 +304,9 @@ class KafkaSource(Source):
         self.startup_timestamp_ms = startup_timestamp_ms
         self.auto_offset_reset = auto_offset_reset
         self.dead_letter_topic = props.get(DEAD_LETTER_TOPIC) or None
+        self.json_types = frozenset(
+            t.strip() for t in props.get(JSON_VALUE_TYPES, "").split(",") if t.strip()
+        )
         self.discovery_interval_s = _interval_ms(props, DISCOVERY_INTERVAL, 10_000, owner) / 1000
         kafka = import_kafka()
         self._consumer_config = kafka_client_config(
@@ -465,7 +512,9 @@ class KafkaSource(Source):
             self._assigned.clear()
             await self._discover(first=True)
             self._started, self._reseek = True, False
-        routes = {name: _Route(spec, context) for name, spec in self.topics.items()}
+        routes = {
+            name: _Route(spec, context, self.json_types) for name, spec in self.topics.items()
+        }
         for name, route in routes.items():
             if route.unknown:
                 log.error(
@@ -509,7 +558,7 @@ class KafkaSource(Source):
                     await context.room()
                 reason = self._route(record, route, context)
                 if reason is not None:
-                    await self._reject(record, reason)
+                    await self._reject(record, reason, route, context)
                     positions[(record.topic, record.partition)] = record.offset + 1
                 index += 1
                 continue
@@ -586,16 +635,11 @@ class KafkaSource(Source):
             return f"no endpoint serves {', '.join(route.unknown)}"
         return None
 
-    async def _reject(self, record: Any, reason: str) -> None:
+    async def _reject(
+        self, record: Any, reason: str, route: _Route, context: IngressContext
+    ) -> None:
         self.rejected += 1
-        log.error(
-            "ingress %s: record %s/%d at offset %d skipped: %s",
-            self.ingress_id,
-            record.topic,
-            record.partition,
-            record.offset,
-            reason,
-        )
+        self._dead_letter(record, reason, route, context)  # (logs it: one line, rate limited)
         if self.dead_letter_topic is None:
             return
         try:
@@ -610,6 +654,37 @@ class KafkaSource(Source):
                 self.dead_letter_topic,
                 exc,
             )
+
+    def _dead_letter(
+        self, record: Any, reason: str, route: _Route, context: IngressContext
+    ) -> None:
+        """The record to the runtime's dead letters: one record per target it did not reach
+        (with the id, when the key is one, so that it can be replayed), else one without."""
+        where = (
+            f"ingress {self.ingress_id}: record {record.topic}/{record.partition} "
+            f"at offset {record.offset}"
+        )
+        fields: dict[str, Any] = {
+            "ingress": self.ingress_id,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "reason": f"{where} skipped: {reason}",
+        }
+        if record.key is not None:
+            fields["key_base64"] = base64.b64encode(record.key).decode("ascii")
+        value = TypedValue(route.value_type, record.value)
+        try:
+            id_ = None if record.key is None else record.key.decode("utf-8")
+        except UnicodeDecodeError:
+            id_ = None
+        missed = route.unknown if route.targets and reason.startswith("no endpoint") else None
+        targets: list[str | None] = [None]
+        if id_ is not None:
+            targets = [*(missed or [*route.targets, *route.unknown])] or [None]
+        for target in targets:
+            entry = dict(fields) if target is None else {"target": target, "id": id_, **fields}
+            context.dead_letter_record(entry, value)
 
     def _send_dead_letter(self, record: Any, reason: str) -> None:
         if self._producer is None:

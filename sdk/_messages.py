@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from statefun._exceptions import InvalidValueError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
     BoolType,
@@ -57,7 +58,15 @@ class Message:
         tv = self.typed_value
         if not tv.has_value:
             return None
-        return tpe.serializer().deserialize(tv.value)
+        try:
+            return tpe.serializer().deserialize(tv.value)
+        except Exception as exc:
+            if tv.typename != tpe.typename:
+                raise  # read as another type than its own: the function's error
+            raise InvalidValueError(
+                f"the value of a message to {self.target_typename}/{self.target_id} is not a "
+                f"valid {tpe.typename}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def value_typename(self) -> str:
         return str(self.typed_value.typename)

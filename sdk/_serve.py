@@ -6,6 +6,12 @@ process of its own, stopped gracefully by SIGINT or SIGTERM. ``make_app`` builds
 application instead, for mounting the functions in an aiohttp app of one's own. Both answer ``POST
 <path>`` with a FromFunction and ``GET /health`` with the functions served, through the same
 ``Endpoint`` (see ``_endpoint`` for the error replies: 400, 404, 405, 413, 415, 500).
+
+The built-in server defends itself (``statefun._http.defences.ServerOptions``: deadlines for
+request heads and bodies, connection caps, a ``Host`` allow-list) and can require a bearer
+token (``token``: 401 without it; ``GET /health`` needs none) and speak TLS (``tls``, an
+``ssl.SSLContext``; ``statefun._http.defences.server_tls_context`` builds one from PEM
+files).
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from statefun._http.defences import ServerOptions
 from statefun._http.server import HttpServer, Reply
 from statefun.sdk._endpoint import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, Endpoint, as_handler
 from statefun.sdk._functions import StatefulFunctions
@@ -95,7 +103,9 @@ class RunningServer:
         path: str,
         typenames: list[str],
         shutdown_timeout: float,
+        tls: bool = False,
     ) -> None:
+        self.tls = tls
         self.server = server
         self.host = host
         self.port = port
@@ -107,7 +117,8 @@ class RunningServer:
     def url(self) -> str:
         """The URL of the function endpoint, e.g. ``http://127.0.0.1:8000/statefun``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{self.path}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{host}:{self.port}{self.path}"
 
     async def close(self) -> None:
         """Stop listening, let in-flight requests finish (up to the shutdown timeout), close."""
@@ -136,17 +147,32 @@ async def start_server(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    keepalive_timeout: float = 75.0,
+    keepalive_timeout: float | None = None,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    options: ServerOptions | None = None,
 ) -> RunningServer:
     """Start serving in the running event loop; ``port=0`` picks a free port (see ``.port``).
 
-    Idle keep-alive connections, and requests that stop half-way, are closed after
-    ``keepalive_timeout`` seconds.
+    Idle keep-alive connections are closed after ``keepalive_timeout`` seconds (default 75);
+    ``options`` sets the other limits. With ``token``, every request but ``GET /health``
+    must carry ``Authorization: Bearer <token>``; with ``tls``, the server speaks HTTPS.
     """
     endpoint = Endpoint(functions_or_handler, path, max_body_bytes)
-    server = HttpServer(endpoint, keepalive_timeout=keepalive_timeout)
+    options = (options or ServerOptions()).with_(
+        keepalive_timeout=keepalive_timeout, token=token, tls=tls
+    )
+    server = HttpServer(endpoint, options=options, name="function server")
     bound_port = await server.start(host, port)
-    return RunningServer(server, host, bound_port, path, endpoint.typenames(), shutdown_timeout)
+    return RunningServer(
+        server,
+        host,
+        bound_port,
+        path,
+        endpoint.typenames(),
+        shutdown_timeout,
+        tls=options.tls is not None,
+    )
 
 
 def serve(
@@ -157,8 +183,12 @@ def serve(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    options: ServerOptions | None = None,
 ) -> None:
-    """Serve ``functions`` over HTTP until SIGINT or SIGTERM; blocks.
+    """Serve ``functions`` over HTTP until SIGINT or SIGTERM; blocks (``token``, ``tls``,
+    ``options``: see ``start_server``).
 
     On the first signal the server stops accepting connections, lets in-flight requests
     finish (for at most ``shutdown_timeout`` seconds) and returns; a second signal stops
@@ -173,6 +203,9 @@ def serve(
             path,
             max_body_bytes=max_body_bytes,
             shutdown_timeout=shutdown_timeout,
+            token=token,
+            tls=tls,
+            options=options,
         )
     )
 
@@ -185,6 +218,9 @@ async def _serve_until_signalled(
     *,
     max_body_bytes: int,
     shutdown_timeout: float,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    options: ServerOptions | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -210,6 +246,9 @@ async def _serve_until_signalled(
             path,
             max_body_bytes=max_body_bytes,
             shutdown_timeout=shutdown_timeout,
+            token=token,
+            tls=tls,
+            options=options,
         )
         names = ", ".join(server.typenames) or "no functions"
         log.info("serving %s at %s", names, server.url)

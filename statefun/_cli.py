@@ -14,9 +14,13 @@ import argparse
 import logging
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from statefun.checkpoint import verify as _verify
+from statefun.runtime import _dead_letter_commands as _dead_letters
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -25,6 +29,41 @@ log = logging.getLogger("statefun.cli")
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 LOG_DATE_FORMAT = "%H:%M:%S"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default, unless its help says it already or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or default == []
+            or not (action.option_strings or action.nargs in ("?", "*"))
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help (and its subcommands' help) shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pystatefun")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 class UsageError(Exception):
@@ -90,6 +129,16 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def count_at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def load_object(target: str) -> Any:
     """The object named by ``package.module:attribute`` or ``file.py:attribute``."""
     from statefun._imports import ImportTargetError
@@ -133,6 +182,84 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may still run (default: 30)",
     )
+    _serve_defence_arguments(parser)
+
+
+def _serve_defence_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="require 'Authorization: Bearer TOKEN' on every request but GET /health (else "
+        "401); prefer --token-file or the environment variable STATEFUN_SERVE_TOKEN, which "
+        "other users of the machine cannot read off the process list",
+    )
+    parser.add_argument(
+        "--token-file", default=None, metavar="PATH", help="read the bearer token from a file"
+    )
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS: certificate")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's key")
+    parser.add_argument(
+        "--tls-client-ca",
+        default=None,
+        metavar="PEM",
+        help="require client certificates signed by a CA in this file (mutual TLS)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a Host name requests may carry (repeatable; '*': any). Default: loopback names "
+        "when bound to a loopback address, any name otherwise",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=count_at_least_one,
+        default=None,
+        metavar="N",
+        help="open connections in all (default: 1024)",
+    )
+    parser.add_argument(
+        "--max-connections-per-client",
+        type=count_at_least_one,
+        default=None,
+        metavar="N",
+        help="open connections from one client address (default: 512)",
+    )
+
+
+def _serve_defences(args: argparse.Namespace) -> dict[str, Any]:
+    """The token, TLS context and server options the serve flags ask for."""
+    import os
+
+    from statefun._http.defences import ServerOptions, read_token, server_tls_context
+
+    options: dict[str, Any] = {}
+    try:
+        if args.token is not None and args.token_file is not None:
+            raise ValueError("--token and --token-file: give one")
+        if args.token_file is not None:
+            options["token"] = read_token(file=args.token_file, where="--token-file")
+        elif args.token is not None or os.environ.get("STATEFUN_SERVE_TOKEN"):
+            token = args.token if args.token is not None else os.environ["STATEFUN_SERVE_TOKEN"]
+            options["token"] = token.strip()
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if args.tls_client_ca is not None and args.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if args.tls_cert is not None:
+            options["tls"] = server_tls_context(
+                args.tls_cert, args.tls_key, args.tls_client_ca, where="serve"
+            )
+        options["options"] = ServerOptions().with_(
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
+            token=options.get("token"),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -152,12 +279,70 @@ def _serve(args: argparse.Namespace) -> int:
         options["max_body_bytes"] = args.max_body_size
     if args.shutdown_timeout is not None:
         options["shutdown_timeout"] = args.shutdown_timeout
+    options.update(_serve_defences(args))
     try:
         _serve.serve(target, args.host, args.port, args.path, **options)
     except OSError as exc:
         _complain("serve", f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return 1
     return 0
+
+
+# -- statefun new, settings, kafka ---------------------------------------------------------
+
+
+def _new_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun import _scaffold
+
+    _scaffold.add_arguments(parser)
+
+
+def _new(args: argparse.Namespace) -> int:
+    from statefun import _scaffold
+
+    try:
+        _scaffold.create(args.directory, args.name)
+    except _scaffold.ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    _say(_scaffold.next_steps(args.directory, args.name))
+    return 0
+
+
+def _settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "names", metavar="NAME", nargs="*", help="only these settings (default: all)"
+    )
+
+
+def _settings(args: argparse.Namespace) -> int:
+    from statefun._settings import Settings
+
+    described = Settings.describe()
+    known = {name for name, _doc, _default in described}
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        raise UsageError(
+            f"no setting {', '.join(map(repr, unknown))}; `statefun settings` lists them"
+        )
+    for name, doc, default in described:
+        if args.names and name not in args.names:
+            continue
+        shown = "(none)" if default in ("", None) else str(default)
+        _say(f"{name} = {shown}")
+        _say(textwrap.fill(doc, width=92, initial_indent="    ", subsequent_indent="    "))
+    return 0
+
+
+def _kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun._kafka_local import _command
+
+    _command.add_arguments(parser)
+
+
+def _kafka(args: argparse.Namespace) -> int:
+    from statefun._kafka_local import _command
+
+    return _command.run(args)
 
 
 # -- the registry and main -----------------------------------------------------------------
@@ -214,13 +399,33 @@ COMMANDS: list[Command] = [
     Command(
         "serve", "serve functions over HTTP (StateFun request-reply)", _serve_arguments, _serve
     ),
+    Command("checkpoint", _verify.HELP, _verify.add_arguments, _verify.run),
+    Command(
+        "new",
+        "create a project to start from: a function, its module.yaml, a test, a README",
+        _new_arguments,
+        _new,
+    ),
+    Command(
+        "settings",
+        "list the runtime settings (statefun run --set NAME=VALUE) with defaults",
+        _settings_arguments,
+        _settings,
+    ),
+    Command(
+        "kafka",
+        "a local Kafka broker for development (Java 17+ and Maven needed)",
+        _kafka_arguments,
+        _kafka,
+    ),
+    Command("dead-letters", "list, show or replay dead letters", *_dead_letters.COMMAND),
 ]
 
 
 def _build_parser() -> argparse.ArgumentParser:
     # --log-level works before and after the subcommand; SUPPRESS keeps the subcommand's
     # parser from overwriting a value given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--log-level",
         type=str.lower,
@@ -228,11 +433,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="log level (default: info)",
     )
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="statefun",
         description="Stateful functions in Python, compatible with Apache Flink StateFun.",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"statefun {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         sub = subparsers.add_parser(

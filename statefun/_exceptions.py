@@ -7,15 +7,24 @@ The tree::
     │   ├── InvalidTypeNameError       a typename that is not ``namespace/name``
     │   ├── InvalidSpecError           a ValueSpec or state name that cannot be used
     │   ├── InvalidFunctionError       a function that cannot be registered
-    │   └── ModuleError                a module.yaml that cannot be loaded (file, document, field)
+    │   ├── ModuleError                a module.yaml that cannot be loaded (file, document, field)
+    │   └── CheckpointDamagedError     a checkpoint file missing, changed or not decodable
     ├── ProtocolError                  bytes that break the request-reply protocol (also ValueError)
     │   ├── MalformedRequestError      a ToFunction that cannot be decoded or is incomplete
     │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
     ├── UnknownFunctionError           no function registered for a typename (also LookupError)
     ├── StateTypeMismatchError         stored state has another typename (also TypeError)
+    ├── InvalidValueError              a message's value does not decode as its own type
+    │                                  (Message.as_type; also ValueError)
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
+    │       └── UndeliverableError     the input cannot be delivered, whatever the policy: it
+    │           │                      goes to the dead letters and the job goes on
+    │           ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
+    │           ├── StateWriteRejectedError a state write whose type is not its spec's
+    │           └── MessageValueError       a function found a message's value invalid
+    │                                       for the message's own type (InvalidValueError)
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
@@ -25,20 +34,26 @@ Apache StateFun's SDK would catch (ValueError, TypeError, LookupError), so such 
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointDamagedError",
     "ConfigurationError",
     "FunctionInvocationError",
+    "FunctionNotFoundError",
     "InvalidFunctionError",
     "InvalidSpecError",
     "InvalidTypeNameError",
+    "InvalidValueError",
     "JobFailedError",
     "MalformedRequestError",
     "MalformedResponseError",
+    "MessageValueError",
     "ModuleError",
     "ProtocolError",
     "RetryableFunctionError",
     "StateTypeMismatchError",
+    "StateWriteRejectedError",
     "StatefunError",
     "TerminalFunctionError",
+    "UndeliverableError",
     "UnknownFunctionError",
 ]
 
@@ -67,6 +82,18 @@ class ModuleError(ConfigurationError):
     """A module definition (module.yaml) is invalid; the message names file, document and field."""
 
 
+class CheckpointDamagedError(ConfigurationError):
+    """A checkpoint or savepoint cannot be restored as written: a file is missing, truncated,
+    changed (its checksum does not match) or does not decode. ``path`` names the file (or the
+    folder), ``reason`` says what is wrong. Restoring the latest checkpoint then falls back to
+    an older one; a savepoint asked for by name is not replaced by anything else."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 class ProtocolError(StatefunError, ValueError):
     """Bytes received over the request-reply protocol are not a valid message."""
 
@@ -93,6 +120,11 @@ class StateTypeMismatchError(StatefunError, TypeError):
     """A stored state value carries a different typename than its ValueSpec declares."""
 
 
+class InvalidValueError(StatefunError, ValueError):
+    """A message's value does not decode as the type the message names (``Message.as_type``
+    with the message's own type): the sender's error, not the function's."""
+
+
 class FunctionInvocationError(StatefunError):
     """A function invocation failed. ``retryable`` says whether trying again can help."""
 
@@ -109,6 +141,24 @@ class TerminalFunctionError(FunctionInvocationError):
     """A failure that retrying cannot fix (the function rejects the input, bad response...)."""
 
     retryable = False
+
+
+class UndeliverableError(TerminalFunctionError):
+    """Messages that cannot be delivered: the problem is the input's, not the job's. They go to
+    the dead letters whatever ``remote_failure_policy`` says, and the job goes on."""
+
+
+class FunctionNotFoundError(UndeliverableError):
+    """The endpoint answered that it has no such function (HTTP 404 or 410)."""
+
+
+class StateWriteRejectedError(UndeliverableError):
+    """A function wrote a state value whose type is not the type its spec registered."""
+
+
+class MessageValueError(UndeliverableError):
+    """A function found a message's value invalid for the message's own type
+    (``InvalidValueError`` in the function)."""
 
 
 class JobFailedError(StatefunError):

@@ -92,7 +92,12 @@ class Settings:
         default=1_000, metadata=_doc("time between the start of two checkpoints")
     )
     checkpoints_retained: int = field(
-        default=3, metadata=_doc("complete checkpoints kept; older ones are deleted")
+        default=3,
+        metadata=_doc(
+            "complete checkpoints kept; older ones are deleted. A damaged newest checkpoint "
+            "is skipped on restore for the next older one, so keep at least 2 (the HTTP "
+            "ingress's WAL keeps what the oldest needs)"
+        ),
     )
     savepoint_dir: str = field(
         default="",
@@ -125,15 +130,60 @@ class Settings:
             "passes between its end and such an early one (at most ~10% of a core). 0: off"
         ),
     )
-    restart_strategy: Literal["none", "fixed-delay", "exponential"] = field(
-        default="exponential",
-        metadata=_doc("how `statefun run` restarts a failed job from its last checkpoint"),
+    restart_strategy: Literal["none", "fixed-delay", "exponential", "failure-rate"] = field(
+        default="failure-rate",
+        metadata=_doc(
+            "how `statefun run` restarts a failed job from its last checkpoint: "
+            "'failure-rate' (Flink's: restarts until more than "
+            "restart_failure_rate_max_failures failures fall within "
+            "restart_failure_rate_interval_ms), 'exponential' (at most restart_attempts "
+            "restarts in a row), 'fixed-delay' (at most restart_attempts restarts in the "
+            "process's life, each after restart_delay_ms), 'none'"
+        ),
     )
     restart_attempts: int = field(
-        default=10, metadata=_doc("restarts before `statefun run` gives up (0: never restart)")
+        default=10,
+        metadata=_doc(
+            "restarts before `statefun run` gives up (0: never restart); with 'exponential' "
+            "counted in a row (a healthy run starts again from 0), with 'fixed-delay' over the "
+            "process's life"
+        ),
     )
     restart_delay_ms: int = field(
         default=500, metadata=_doc("delay before the first restart (fixed, or doubling up to 60 s)")
+    )
+    restart_failure_rate_max_failures: int = field(
+        default=5,
+        metadata=_doc(
+            "restart_strategy=failure-rate: the most failures restarted within "
+            "restart_failure_rate_interval_ms; one more ends the process"
+        ),
+    )
+    restart_failure_rate_interval_ms: int = field(
+        default=60_000,
+        metadata=_doc("restart_strategy=failure-rate: the sliding window failures are counted in"),
+    )
+    restart_backoff_reset_ms: int = field(
+        default=30_000,
+        metadata=_doc(
+            "a job that ran this long before failing counts as healthy: the restart delay "
+            "starts again from restart_delay_ms, and (exponential) the restarts in a row from 0"
+        ),
+    )
+    quarantine_after_failures: int = field(
+        default=3,
+        metadata=_doc(
+            "with remote_failure_policy=fail and checkpoints on: when a message's batch fails "
+            "the job the same way for the this-many-th time (across restarts), the message "
+            "goes to the dead letters instead and the job goes on; 0: never"
+        ),
+    )
+    dead_letter_max_bytes: int = field(
+        default=64 << 20,
+        metadata=_doc(
+            "once the dead-letter file is larger, it is renamed to <dead_letter_path>.1 "
+            "(replacing the previous one) and a new file starts; 0: no limit"
+        ),
     )
     state_backend: Literal["memory", "rocksdb"] = field(
         default="memory", metadata=_doc("where keyed state lives: 'memory' or 'rocksdb'")
@@ -152,6 +202,83 @@ class Settings:
     admin_port: int = field(
         default=0,
         metadata=_doc("port of the admin HTTP server on 127.0.0.1 (savepoints, status); 0: off"),
+    )
+    http_idempotency_retention_s: int = field(
+        default=86_400,
+        metadata=_doc(
+            "how long the HTTP ingress remembers an Idempotency-Key (and a /call's reply): a "
+            "repeat within this time is answered with the first request's outcome instead of "
+            "being processed again"
+        ),
+    )
+    http_idempotency_max_keys: int = field(
+        default=1_000_000,
+        metadata=_doc(
+            "Idempotency-Keys an HTTP ingress remembers at most (about 360 bytes of memory "
+            "each for a 36-character key, plus a /call's reply); past it the oldest are "
+            "forgotten first"
+        ),
+    )
+    http_idempotency_max_reply_bytes: int = field(
+        default=256 << 20,
+        metadata=_doc(
+            "bytes of /call replies an HTTP ingress keeps for repeated Idempotency-Keys; past "
+            "it the oldest keys are forgotten first"
+        ),
+    )
+    admin_savepoint_min_interval_ms: int = field(
+        default=1_000,
+        metadata=_doc(
+            "the admin server takes at most one savepoint per this interval (and one at a "
+            "time); more requests get 429 with Retry-After"
+        ),
+    )
+    http_head_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "HTTP servers of the runtime (ingress, admin): a request head must be complete "
+            "this long after the connection opened or its first byte came; bytes trickling in "
+            "do not extend it (408 and close)"
+        ),
+    )
+    http_body_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "HTTP servers: a request body may take this long plus one second per "
+            "http_min_body_rate bytes received (408 and close)"
+        ),
+    )
+    http_min_body_rate: int = field(
+        default=1_024,
+        metadata=_doc("HTTP servers: the slowest body accepted, in bytes per second"),
+    )
+    http_keepalive_timeout_ms: int = field(
+        default=75_000,
+        metadata=_doc("HTTP servers: an idle kept-alive connection is closed after this long"),
+    )
+    http_max_connections: int = field(
+        default=1_024,
+        metadata=_doc(
+            "HTTP servers: open connections in all; at the cap, the connection that has waited "
+            "longest for a request head is closed to make room, or (none waiting) the new one "
+            "gets 503 with Retry-After"
+        ),
+    )
+    http_max_connections_per_client: int = field(
+        default=512,
+        metadata=_doc(
+            "HTTP servers: open connections from one client address (as http_max_connections); "
+            "raise it behind a proxy, whose connections all come from one address"
+        ),
+    )
+    http_allowed_hosts: str = field(
+        default="",
+        metadata=_doc(
+            "HTTP servers: comma-separated Host names requests may carry (any port; '*': any); "
+            "empty: localhost, 127.0.0.1 and [::1] when bound to a loopback address, any name "
+            "otherwise. Other names get 421 (DNS rebinding defence). An HTTP ingress's "
+            "allowedHosts wins over this"
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -178,15 +305,39 @@ class Settings:
             raise ConfigurationError("idle_checkpoint_delay_ms must be at least 0")
         if self.checkpoints_retained < 1:
             raise ConfigurationError("checkpoints_retained must be at least 1")
+        for name in (
+            "http_idempotency_retention_s",
+            "http_idempotency_max_keys",
+            "http_idempotency_max_reply_bytes",
+            "http_head_timeout_ms",
+            "http_body_timeout_ms",
+            "http_min_body_rate",
+            "http_keepalive_timeout_ms",
+            "http_max_connections",
+            "http_max_connections_per_client",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.admin_savepoint_min_interval_ms < 0:
+            raise ConfigurationError("admin_savepoint_min_interval_ms must be at least 0")
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
-            ("restart_strategy", ("none", "fixed-delay", "exponential")),
+            ("restart_strategy", ("none", "fixed-delay", "exponential", "failure-rate")),
             ("state_backend", ("memory", "rocksdb")),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigurationError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+        for name in (
+            "restart_failure_rate_max_failures",
+            "restart_failure_rate_interval_ms",
+            "restart_backoff_reset_ms",
+            "quarantine_after_failures",
+            "dead_letter_max_bytes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} must be at least 0, got {getattr(self, name)}")
         if self.remote_failure_policy not in ("fail", "dead-letter"):
             raise ConfigurationError(
                 f"remote_failure_policy must be 'fail' or 'dead-letter', "

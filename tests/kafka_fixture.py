@@ -1,6 +1,6 @@
 """Session fixture: one real Kafka 4.x broker (KRaft, 127.0.0.1) for the whole test run.
 
-Started by ``statefun._testing.kafka_broker`` from Maven Central jars (fetched once and cached),
+Started by ``statefun._kafka_local.broker`` from Maven Central jars (fetched once and cached),
 or, when ``$PYSTATEFUN_KAFKA_BOOTSTRAP`` is set (``HOST:PORT[,...]``), that broker instead.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from statefun._testing.kafka_broker import KafkaBroker
+from statefun._kafka_local.broker import KafkaBroker
 
 BOOTSTRAP_ENV = "PYSTATEFUN_KAFKA_BOOTSTRAP"
 

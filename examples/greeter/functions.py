@@ -46,6 +46,11 @@ async def greeter(context: Context, message: Message) -> None:
         )
     )
     # Called over the HTTP ingress's /call/...: the caller waits for a reply.
-    caller = context.caller
-    if caller is not None:
-        context.send(message_builder(caller.typename, caller.id, str_value=greeting(name, seen)))
+    if context.caller is not None:
+        context.send(
+            message_builder(
+                target_typename=context.caller.typename,
+                target_id=context.caller.id,
+                str_value=greeting(name, seen),
+            )
+        )

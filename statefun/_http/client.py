@@ -56,7 +56,8 @@ class Target:
 
     origin: tuple[str, str, int | str]  # (scheme, host, port) or (scheme, "", socket path)
     tls: bool
-    head: bytes  # the request line and headers, up to "Content-Length: "
+    #: the request line and headers, up to "Content-Length: " (not in repr: may hold a token)
+    head: bytes = field(repr=False)
     context: ssl.SSLContext | None = None  # TLS settings (None: the system's trust store)
     ttl: float = 0.0  # seconds a connection may be reused; 0: no limit
     #: what pooled connections are shared by: the origin and the TLS settings (set once)
@@ -66,11 +67,17 @@ class Target:
         object.__setattr__(self, "key", (self.origin, self.context))
 
 
-def parse_target(url: str, context: ssl.SSLContext | None = None, ttl: float = 0.0) -> Target:
+def parse_target(
+    url: str,
+    context: ssl.SSLContext | None = None,
+    ttl: float = 0.0,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> Target:
     """The ``Target`` of ``url``; ValueError naming the problem if it cannot be called.
 
     ``context`` verifies ``https`` servers (and may hold a client certificate); ``ttl`` bounds
-    how long one connection is reused."""
+    how long one connection is reused; ``headers`` go with every request (e.g. a bearer
+    token: the head holding them is never logged)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
@@ -98,9 +105,12 @@ def parse_target(url: str, context: ssl.SSLContext | None = None, ttl: float = 0
         raise ValueError(f"URL {url!r}: scheme {parts.scheme!r} is not http(s) or http(s)+unix")
     if parts.query:
         path += "?" + parts.query
+    if any(c in name + value for name, value in headers for c in "\r\n\0"):
+        raise ValueError(f"URL {url!r}: a header to send holds a line break or NUL")
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n"
-        "Content-Type: application/octet-stream\r\nUser-Agent: pystatefun\r\n"
+        f"Content-Type: application/octet-stream\r\nUser-Agent: pystatefun\r\n{extra}"
         "Content-Length: "
     ).encode("latin-1")
     return Target(origin, tls, head, context if tls else None, ttl)

@@ -8,11 +8,15 @@ functions in their own app; both answer through the same ``Endpoint``.
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, request bodies framed by ``Content-Length`` or
 ``Transfer-Encoding: chunked``, ``Expect: 100-continue``, pipelined requests (answered in
-order). Bounds: the request head (64 KiB), the body (``max_body_bytes``: 413), open
-connections (``max_connections``; more are closed at once), replies a client does not read
-(past asyncio's write buffer limit the connection stops reading requests), idle connections
-(closed after ``keepalive_timeout``) and requests that stall half-sent (closed after the
-same time). A request it cannot parse gets a 400 and the connection is closed.
+order), TLS (started by the server once a connection is admitted). Bounds and guards, set by
+``defences.ServerOptions`` (docs/architecture.md, "HTTP server defences"): the request head
+(64 KiB, and complete within ``head_timeout`` however slowly its bytes trickle in: 408), the
+body (``max_body_bytes``: 413; within ``body_timeout`` plus one second per ``min_body_rate``
+bytes: 408), open connections (in all and per client address; at a cap the longest-waiting
+connection of the right client makes room, else the new one gets a 503), replies a client
+does not read (past asyncio's write buffer limit the connection stops reading requests), idle
+connections (closed after ``keepalive_timeout``), the ``Host`` allow-list (421) and a bearer
+token (401). A request it cannot parse gets a 400 and the connection is closed.
 
 Requests to ``def`` functions run inline, in the protocol's callback; ``async def`` functions
 run in a task each, and the connection reads no further request meanwhile.
@@ -22,31 +26,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import ssl
 import time
 from collections.abc import Coroutine
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any, NamedTuple, Protocol
 
 from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
+from statefun._http.defences import HostCheck, ServerOptions, token_matches, warn_if_exposed
+from statefun._http.slots import Slots
 
-__all__ = ["Application", "HttpServer", "Reply", "Request", "media_type", "plain"]
+__all__ = [
+    "Application",
+    "HttpServer",
+    "Reply",
+    "Request",
+    "ServerOptions",
+    "media_type",
+    "plain",
+]
 
 log = logging.getLogger(__name__)
 
 _MAX_HEAD_BYTES = 64 << 10
 _MAX_DISCARD = 1 << 20  # a refused body up to this size is read and dropped
 _LINGER_SECONDS = 2.0
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Content Too Large",
-    415: "Unsupported Media Type",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+_REASONS[413] = "Content Too Large"  # RFC 9110's name (Python 3.11 has the older one)
+_REASONS[421] = "Misdirected Request"
 
 
 class Reply(NamedTuple):
@@ -202,17 +211,35 @@ def _parse_head(head: bytes) -> Request:
     return request
 
 
+_HEAD, _BODY, _BUSY = 0, 1, 2  # what a connection waits for: a request head, a body, the app
+_REORDER = 0.25  # seconds: how stale a waiting connection's place in the order may be
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.app = server.app
         self.transport: asyncio.Transport | None = None
+        self.client = ""  # the peer's address, for the per-client cap
         self.buffer = bytearray()
         self.request: Request | None = None  # head read, body pending
         self.chunked: ChunkedBody | None = None  # the request's body, if chunked
         self.busy: asyncio.Task[None] | None = None  # an async function running
-        self.last_active = time.monotonic()
+        self.phase = _HEAD
+        now = time.monotonic()
+        self.wait_since = -math.inf  # when it was last listed as waiting
+        self.last_active = now  # the last reply (or the connect): the keep-alive clock
+        #: when the head being waited for started (the connect, or its first byte); None:
+        #: idle after a reply, nothing of the next request yet
+        self.head_start: float | None = now
+        self.body_start = now
+        self.received = 0  # bytes received, all told
+        self.body_mark = 0  # ``received`` when the current body started
         self.closing = False
+        self.refused = False  # over a cap: answered 503, closing
+        self.lingering = False  # refused and waiting a moment for the client to read that
+        self.handshaking = False  # TLS handshake in progress
+        self.handshake: asyncio.Task[None] | None = None
         self.eof = False
         self.write_paused = False
         self.discard = 0  # bytes of a rejected body still to drop
@@ -223,19 +250,46 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         server = self.server
-        if len(server.connections) >= server.max_connections:
-            server.refused += 1
-            if server.refused == 1 or server.refused % 1000 == 0:
-                log.warning(
-                    "refused %d connection(s): %d are open, the limit",
-                    server.refused,
-                    server.max_connections,
-                )
+        if not server.admit(self):
+            server.refuse(self, transport)
+            return
+        if server.options.tls is not None:
+            # TLS starts only now, so that a connection counts towards the caps (and its
+            # head deadline runs) from the moment it is accepted, handshake included.
+            self.handshaking = True
+            self.handshake = asyncio.get_running_loop().create_task(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        options = self.server.options
+        assert options.tls is not None
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport,
+                self,
+                options.tls,
+                server_side=True,
+                ssl_handshake_timeout=options.head_timeout,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            self.server.note("tls", f"TLS handshake with {self._peer()} failed: {why}")
             self.closing = True
+            self.server.forget(self)
             transport.abort()
             return
-        server.connections.add(self)
+        if secure is None or self.closing:
+            if secure is not None:
+                secure.abort()
+            self.server.forget(self)
+            return
+        # What came meanwhile waited in the buffer: replies must go through ``secure``.
+        self.transport = secure
+        self.handshaking = False
+        if self.buffer:
+            self._process()
 
     def pause_writing(self) -> None:
         # The client does not read its replies: stop reading its requests until it does.
@@ -251,11 +305,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.server.connections.discard(self)
+        self.server.forget(self)
         # A running async function finishes; its reply has nowhere to go.
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
+        if self.refused:
+            return  # dropped: the 503 is on its way, the connection closes
+        if self.head_start is None and self.phase == _HEAD:
+            self.head_start = time.monotonic()  # a byte of the next request: its deadline starts
+        self.received += len(data)
         if self.draining:
             self.draining -= len(data)
             if self.draining <= 0:
@@ -266,18 +324,62 @@ class _Connection(asyncio.Protocol):
             self.discard -= dropped
             data = data[dropped:]
         self.buffer += data
-        if self.busy is None:
+        if self.busy is None and not self.handshaking:
             self._process()
 
     def eof_received(self) -> bool | None:
         self.eof = True
+        if self.refused:
+            return False  # close now
         # keep the write side open for a reply in progress
         return self.busy is not None and not self.draining
 
     # -- requests -------------------------------------------------------------------------
 
+    def waits_for_head(self) -> bool:
+        return self.phase == _HEAD and not self.closing
+
     def idle(self) -> bool:
         return self.busy is None and self.request is None and not self.buffer
+
+    def overdue(self, now: float) -> str | None:
+        """Why the connection is to be closed now, or None (the sweeper asks)."""
+        server = self.server
+        if self.phase == _HEAD:
+            start = self.head_start
+            if start is None:
+                if now - self.last_active > server.options.keepalive_timeout:
+                    return ""  # idle too long: closed without a word
+                return None
+            if now - start > server.options.head_timeout:
+                if not self.buffer:
+                    return ""  # not a byte of a request: closed without a word
+                return f"request head not complete within {server.options.head_timeout:g}s"
+            return None
+        if self.phase == _BODY:
+            got = self.received - self.body_mark
+            allowed = server.options.body_timeout + got / server.options.min_body_rate
+            if now - self.body_start > allowed:
+                return (
+                    f"request incomplete: body not received within {allowed:.3g}s "
+                    f"({got} bytes came)"
+                )
+        return None
+
+    def _waiting_for_head(self) -> None:
+        """The last request is answered: the connection waits for the next head."""
+        self.phase = _HEAD
+        now = self.last_active = time.monotonic()  # the keep-alive timeout counts from here
+        self.head_start = now if self.buffer else None
+        if now - self.wait_since > _REORDER:  # a busy connection is not moved every time
+            self.wait_since = now
+            self.server.slots.waiting(self, now)
+
+    def _head_read(self) -> None:
+        # (it stays listed as waiting: ``HttpServer._evict`` skips it while it is not)
+        self.phase = _BODY
+        self.body_start = time.monotonic()
+        self.body_mark = self.received - len(self.buffer)
 
     def _process(self) -> None:
         try:
@@ -308,8 +410,9 @@ class _Connection(asyncio.Protocol):
                 raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
             request = self.request = _parse_head(bytes(buffer[:end]))
             del buffer[: end + 4]
+            self._head_read()
             self.chunked = ChunkedBody(self.app.max_body_bytes) if request.chunked else None
-            early = self.app.check(request)
+            early = self.server.screen(request) or self.app.check(request)
             if early is not None:
                 self.request = None
                 if not request.length and not request.chunked:  # nothing to skip
@@ -371,6 +474,7 @@ class _Connection(asyncio.Protocol):
             return
         assert self.transport is not None
         self.transport.pause_reading()
+        self.phase = _BUSY
         self.busy = asyncio.get_running_loop().create_task(
             self._answer_later(outcome, request.keep_alive)
         )
@@ -396,9 +500,10 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.write(_encode(reply, keep_alive, head_only))
-        self.last_active = time.monotonic()  # the keep-alive timeout counts from the reply
         if keep_alive:
+            self._waiting_for_head()
             return
+        self.server.slots.not_waiting(self)  # closing: not one to close to make room
         if not linger:
             self._close()
             return
@@ -412,7 +517,7 @@ class _Connection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
 
     def _reject(self, status: int, reason: str) -> None:
-        log.warning("bad HTTP request from %s: %s", self._peer(), reason)
+        self.server.note("bad", f"bad HTTP request from {self._peer()}: {reason}")
         self.request = None
         self._write(plain(status, reason), keep_alive=False, linger=True)
 
@@ -426,29 +531,81 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def evict(self) -> None:
+        """Closed to make room (it waits for a request head): a 503, then closed (during a
+        TLS handshake: just closed)."""
+        self.buffer.clear()
+        if self.handshaking:
+            self.abort()
+        elif self.transport is not None and not self.transport.is_closing():
+            self.server.send_busy(self, self.transport)
+
+    def time_out(self, reason: str) -> None:
+        self.request = None
+        self._write(plain(408, reason), keep_alive=False, linger=True)
+
     def abort(self) -> None:
         self.closing = True
         if self.transport is not None:
             self.transport.abort()
 
 
+_LOG_EVERY = 10.0  # seconds between two warnings of one kind from one server
+_REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its 503
+
+
 class HttpServer:
-    """Listens on one address; ``close`` stops it gracefully."""
+    """Listens on one address; ``close`` stops it gracefully.
+
+    ``options`` (``defences.ServerOptions``) sets its time limits, connection caps, ``Host``
+    allow-list, bearer token and TLS; ``keepalive_timeout`` and ``max_connections`` given
+    here override the options' own."""
 
     def __init__(
-        self, app: Application, keepalive_timeout: float = 75.0, max_connections: int = 1024
+        self,
+        app: Application,
+        keepalive_timeout: float | None = None,
+        max_connections: int | None = None,
+        *,
+        options: ServerOptions | None = None,
+        name: str = "HTTP server",
     ) -> None:
         self.app = app
-        self.keepalive_timeout = keepalive_timeout
-        self.max_connections = max_connections
-        self.refused = 0
-        self.connections: set[_Connection] = set()
+        self.name = name
+        self.options = (options or ServerOptions()).with_(
+            keepalive_timeout=keepalive_timeout, max_connections=max_connections
+        )
+        self.refused = 0  # connections refused over a cap
+        self.evicted = 0  # waiting connections closed to make room for new ones
+        self.slots: Slots[_Connection] = Slots(
+            self.options.max_connections,
+            self.options.max_connections_per_client,
+            min(1.0, self.options.head_timeout / 2),
+        )
+        self.connections = self.slots.connections  # open and counted in
         self.shutting_down = False
+        self._lingering = 0
+        self._busy_bytes = b""
+        self._hosts = HostCheck(self.options.allowed_hosts, "127.0.0.1")
+        self._logged: dict[str, tuple[float, int]] = {}
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
+    @property
+    def keepalive_timeout(self) -> float:
+        return self.options.keepalive_timeout
+
+    @property
+    def max_connections(self) -> int:
+        return self.options.max_connections
+
     async def start(self, host: str, port: int) -> int:
         """Listen on (host, port); the port bound (``port=0`` picks a free one)."""
+        options = self.options
+        self._hosts = HostCheck(options.allowed_hosts, host)
+        warn_if_exposed(
+            self.name, host, tls=options.tls is not None, token=options.token is not None
+        )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
@@ -457,20 +614,128 @@ class HttpServer:
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
+    # -- connections: caps, eviction, the 503 --------------------------------------------------
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count a new connection in, closing others to make room at a cap (see ``slots``);
+        False if there is no room (the caller refuses it)."""
+        victims = self.slots.admit(connection, time.monotonic())
+        if victims is None:
+            return False
+        for victim in victims:
+            self.evicted += 1
+            self.note("evict", f"closed waiting connections to make room ({self._caps()})")
+            victim.evict()
+        return True
+
+    def refuse(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        """Answer a connection over a cap with a 503 and close it (with TLS, before the
+        handshake: just close it)."""
+        self.refused += 1
+        self.note("refuse", f"refused connections over the caps ({self._caps()})")
+        if self.options.tls is not None:
+            connection.refused = connection.closing = True
+            transport.abort()
+            return
+        self.send_busy(connection, transport)
+
+    def send_busy(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        """Write the 503 and close: after the client has had a moment to read it (and send
+        what it was sending), as long as few connections linger so; at once otherwise."""
+        connection.refused = True
+        connection.closing = True
+        transport.write(self._busy_reply())
+        if self._lingering < 256 and transport.can_write_eof():
+            self._lingering += 1
+            connection.lingering = True
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_REFUSED_LINGER, connection.abort)
+        else:
+            transport.close()
+
+    def _caps(self) -> str:
+        options = self.options
+        return (
+            f"{options.max_connections} in all, {options.max_connections_per_client} per "
+            "client; settings http_max_connections, http_max_connections_per_client"
+        )
+
+    def _busy_reply(self) -> bytes:
+        if not self._busy_bytes:
+            reply = plain(503, "too many connections; try again later", (("Retry-After", "1"),))
+            self._busy_bytes = _encode(reply, keep_alive=False)
+        return self._busy_bytes
+
+    def forget(self, connection: _Connection) -> None:
+        """The connection is closed (or closing): count it out. Idempotent."""
+        if connection.lingering:
+            connection.lingering = False
+            self._lingering -= 1
+        self.slots.forget(connection)
+
+    # -- requests: Host and token ----------------------------------------------------------------
+
+    def screen(self, request: Request) -> Reply | None:
+        """The refusal of a request whose ``Host`` is not served here (421) or that lacks the
+        bearer token (401; ``GET /health`` needs none), or None."""
+        hosts = self._hosts
+        if not hosts.any:
+            host = request.headers.get("host")
+            if host not in hosts.accepted:
+                why = hosts.refusal(host)
+                if why is not None:
+                    self.note("host", f"refused a request for another host: {why}")
+                    return plain(421, why)
+        token = self.options.token
+        if token is None or (request.path == "/health" and request.method in ("GET", "HEAD")):
+            return None
+        given = request.headers.get("authorization")
+        if token_matches(given, token):
+            return None
+        reason = "the bearer token is wrong" if given else "a bearer token is required"
+        self.note("token", "refused requests without the right bearer token")
+        return plain(
+            401,
+            f"{reason}: send Authorization: Bearer <token>",
+            (("WWW-Authenticate", 'Bearer realm="pystatefun"'),),
+        )
+
+    def note(self, kind: str, message: str) -> None:
+        """A WARNING about something that may happen thousands of times a second: at most
+        one per ``_LOG_EVERY`` seconds per kind, with the count since the last one."""
+        now = time.monotonic()
+        last, count = self._logged.get(kind, (-_LOG_EVERY, 0))
+        count += 1
+        if now - last >= _LOG_EVERY:
+            log.warning(
+                "%s: %s (%d time(s) since the last such warning)", self.name, message, count
+            )
+            self._logged[kind] = (now, 0)
+        else:
+            self._logged[kind] = (last, count)
+
     async def _sweep(self) -> None:
-        """Close connections idle (or stalled half-way through a request) for too long."""
-        period = max(0.05, min(self.keepalive_timeout / 4, 15.0))
+        """Close connections past a deadline: a request head or body too slow, idle too long."""
+        options = self.options
+        shortest = min(options.head_timeout, options.body_timeout, options.keepalive_timeout)
+        period = max(0.05, min(shortest / 4, 1.0))
         while True:
             await asyncio.sleep(period)
-            stale = time.monotonic() - self.keepalive_timeout
+            now = time.monotonic()
             for connection in list(self.connections):
-                if connection.busy is None and connection.last_active < stale:
-                    if not connection.idle():
-                        log.warning(
-                            "closing a connection from %s: request incomplete for %gs",
-                            connection._peer(),
-                            self.keepalive_timeout,
-                        )
+                if connection.busy is not None or connection.closing:
+                    continue
+                why = connection.overdue(now)
+                if why is None:
+                    continue
+                if why:
+                    self.note(
+                        "slow",
+                        f"closed slow connections, e.g. from {connection._peer()}: {why}",
+                    )
+                    connection.time_out(why)
+                else:
+                    self.forget(connection)
                     connection._close()
 
     async def close(self, timeout: float) -> None:

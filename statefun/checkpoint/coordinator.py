@@ -14,13 +14,15 @@ steps (``CheckpointCoordinator.checkpoint``):
    from before the cut is lost once the checkpoint exists. Then, in a worker thread while
    processing goes on: the state snapshot, the messages, the timers and the sinks'
    transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), each file fsynced.
+   Every file's size and CRC-32C are computed as it is written (no extra pass) and listed in
+   the metadata.
 3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last and
    atomically. Only now does the checkpoint exist; a crash before this step leaves a folder
    that is never restored. Then checkpoints beyond the newest ``checkpoints_retained`` are
    deleted (N replaces them).
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
-   their positions are durable (Kafka offsets to the group, WAL trimming), and the sealed HTTP
-   replies are released.
+   their positions are durable (Kafka offsets to the group, WAL trimming; not for savepoints,
+   which are no checkpoint a restart falls back to), and the sealed HTTP replies are released.
 
 When checkpoints start: ``checkpoint_interval_ms`` after the start of the previous one; sooner
 when ``request_soon`` asks (a held HTTP reply waits at most ``reply_checkpoint_delay_ms``), or
@@ -34,11 +36,8 @@ under ``remote_failure_policy=fail``), so the restart goes back to a cut from be
 Checkpoints never overlap: N+1 is cut only after N committed, so on recovery from N every
 earlier transaction is already committed and only N's may need finishing.
 
-Recovery (``restore``) reverses the cut: state (keeping the key groups this process owns),
-registered remote specs, delayed messages (absolute deadlines: overdue ones fire at once, in
-deadline order), messages re-sent through keyBy in their original per-address order (a batch
-that was in flight is sent again, so a remote function may see it twice; its state effects
-apply once), source positions, and ``recover`` of each sink's transaction N.
+Recovery (``recovery.py``) reverses the cut, after verifying the checkpoint's files, and
+falls back to an older checkpoint when the newest is damaged.
 """
 
 from __future__ import annotations
@@ -55,17 +54,19 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from statefun._exceptions import ConfigurationError, JobFailedError
+from statefun._checksums import ALGORITHM, crc32c
+from statefun._exceptions import JobFailedError
 from statefun._files import write_synced
-from statefun.checkpoint._codec import (
-    decode_envelopes,
-    decode_timers,
-    encode_envelopes,
-    encode_timers,
+from statefun.checkpoint._codec import encode_envelopes, encode_timers
+from statefun.checkpoint.recovery import restore
+from statefun.checkpoint.storage import (
+    CUT_FILE,
+    FORMAT_VERSION,
+    CheckpointStorage,
+    CompletedCheckpoint,
 )
-from statefun.checkpoint.storage import CheckpointStorage, CompletedCheckpoint
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._functions import RemoteFunction, StateSpec
+from statefun.runtime._functions import RemoteFunction
 
 if TYPE_CHECKING:
     from statefun.runtime._job import Job
@@ -73,10 +74,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointCoordinator", "SimulatedCrash", "restore"]
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2
-#: messages in flight, pending delayed messages and sink transactions of a checkpoint
-CUT_FILE = "cut.msgpack"
 
 
 class SimulatedCrash(BaseException):
@@ -213,8 +210,9 @@ class CheckpointCoordinator:
             for egress_id in cut.sinks:
                 await self.job.sinks[egress_id].commit(checkpoint_id)
                 self._step("sink-committed", checkpoint_id)
-            for source in self.job.sources:
-                await source.notify_checkpoint_complete(checkpoint_id)
+            if not savepoint:
+                for source in self.job.sources:
+                    await source.notify_checkpoint_complete(checkpoint_id)
             self.job.release_replies(cut.replies)
             self.job.check_sink_backlog()
             self._step("committed", checkpoint_id)
@@ -272,20 +270,21 @@ class CheckpointCoordinator:
             previous = None
         manifest = cut.state.write(state_dir, previous)
         # Messages, timers and sink transactions in one file: one fsync, not three.
-        write_synced(
-            folder / CUT_FILE,
-            bytes(
-                msgpack.packb(
-                    {
-                        "messages": encode_envelopes(cut.messages),
-                        "timers": encode_timers(cut.timers),
-                        "sinks": cut.sinks,
-                    },
-                    use_bin_type=True,
-                )
-            ),
+        data = bytes(
+            msgpack.packb(
+                {
+                    "messages": encode_envelopes(cut.messages),
+                    "timers": encode_timers(cut.timers),
+                    "sinks": cut.sinks,
+                },
+                use_bin_type=True,
+            )
         )
-        return {"state": manifest}
+        write_synced(folder / CUT_FILE, data)
+        files = {CUT_FILE: [len(data), crc32c(data)]}
+        for name, checksum in manifest.pop("checksums", {}).items():
+            files[f"state/{name}"] = list(checksum)
+        return {"state": manifest, "checksum": ALGORITHM, "files": files}
 
     def _metadata(self, cut: Cut, savepoint: bool) -> dict[str, Any]:
         """The metadata of ``cut`` without its files (taken on the event loop's thread)."""
@@ -324,72 +323,3 @@ class CheckpointCoordinator:
         if not savepoint:
             self.storage.prune()
         return completed, (time.thread_time() - cpu) * 1000
-
-
-def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:
-    """Put ``job`` back where ``checkpoint`` was cut (before the job starts running).
-
-    Sources and sinks are restored asynchronously by the job (positions, transactions).
-    """
-    metadata = checkpoint.metadata
-    if metadata.get("format") != FORMAT_VERSION:
-        raise ConfigurationError(
-            f"{checkpoint.path}: checkpoint format {metadata.get('format')!r} is not supported"
-        )
-    settings = job.settings
-    if metadata["max_parallelism"] != settings.max_parallelism:
-        raise ConfigurationError(
-            f"{checkpoint.path} was written with max_parallelism {metadata['max_parallelism']}; "
-            f"restore it with the same max_parallelism (now {settings.max_parallelism})"
-        )
-    job.state.restore(checkpoint.path / "state", metadata["state"], None)
-    _check_function_types(job, checkpoint, allow_dropping_state)
-    for typename, specs in metadata.get("remote_specs", {}).items():
-        function = job.functions.resolve(typename)
-        if isinstance(function, RemoteFunction):
-            for name, state_typename, mode, ttl_ms in specs:
-                function.register(StateSpec(name, state_typename, int(mode), int(ttl_ms)))
-    cut = msgpack.unpackb((checkpoint.path / CUT_FILE).read_bytes(), raw=False)
-    for deadline, sender, token, envelope in decode_timers(cut["timers"]):
-        job.timers.add(deadline, envelope, sender, token)
-    for envelope in decode_envelopes(cut["messages"]):
-        job.send(envelope)
-    job.restored_positions = dict(metadata.get("positions", {}))
-    job.restored_sinks = cut["sinks"]
-    log.info(
-        "restored %s %d from %s: %d message(s) in flight, %d delayed message(s)",
-        "savepoint" if checkpoint.is_savepoint else "checkpoint",
-        checkpoint.id,
-        checkpoint.path,
-        metadata.get("messages", 0),
-        metadata.get("timers", 0),
-    )
-
-
-def _check_function_types(job: Job, checkpoint: CompletedCheckpoint, allow_dropping: bool) -> None:
-    """State of a function type the module no longer has: an error, or dropped if allowed.
-
-    The checkpoint lists the function types that hold state, so the addresses are read only
-    when one of them is gone.
-    """
-    listed = checkpoint.metadata.get("state_types")
-    job.state_types.update(listed or ())
-    if listed is not None and all(job.functions.resolve(t) is not None for t in listed):
-        return
-    state = job.state
-    orphans: dict[str, int] = {}
-    for key_group in state.key_groups():
-        for (typename, id_), _values in state.items(key_group):
-            if job.functions.resolve(typename) is None:
-                orphans[typename] = orphans.get(typename, 0) + 1
-                if allow_dropping:
-                    state.put(key_group, (typename, id_), {})
-    if orphans and not allow_dropping:
-        names = ", ".join(f"{t} ({n} address(es))" for t, n in sorted(orphans.items()))
-        raise ConfigurationError(
-            f"{checkpoint.path} holds state of function types the module no longer has: "
-            f"{names}; allow dropping it with --allow-dropping-state"
-        )
-    for typename, count in orphans.items():
-        job.state_types.discard(typename)
-        log.warning("dropped the state of %d address(es) of %s", count, typename)

@@ -9,12 +9,18 @@ A checkpoint is complete exactly when its ``_metadata`` exists: it is written to
 file, fsynced, renamed into place, and the folder is fsynced. A half-written checkpoint (no
 metadata, a crash in the middle) is never restored and is deleted on the next start.
 Savepoints use the same layout (``sp-...`` folders) and are never deleted automatically.
+
+Since format 3 the metadata lists every data file of the checkpoint with its size and
+CRC-32C (``files``: path relative to the folder -> ``[size, crc32c]``; files hard-linked from
+earlier checkpoints included), and carries a checksum of itself (``metadata_crc32c``: of the
+rest of the metadata as canonical JSON). ``checkpoint/verify.py`` checks them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 import time
@@ -23,14 +29,31 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from statefun._exceptions import ConfigurationError
+from statefun._checksums import crc32c
+from statefun._exceptions import CheckpointDamagedError, ConfigurationError
 from statefun._files import fsync_dir, write_atomically
 
-__all__ = ["CheckpointStorage", "CompletedCheckpoint", "storage_path"]
+__all__ = [
+    "CUT_FILE",
+    "FORMAT_VERSION",
+    "METADATA",
+    "READABLE_FORMATS",
+    "CheckpointStorage",
+    "CompletedCheckpoint",
+    "read_checkpoint",
+    "storage_path",
+]
 
 log = logging.getLogger(__name__)
 
 METADATA = "_metadata"
+#: messages in flight, pending delayed messages and sink transactions of a checkpoint
+CUT_FILE = "cut.msgpack"
+#: 3: checksums of every file and of the metadata; 2 (still read): without checksums
+FORMAT_VERSION = 3
+READABLE_FORMATS = (2, 3)
+#: the metadata's checksum of itself
+SELF_CHECKSUM = "metadata_crc32c"
 _NAME = re.compile(r"^(chk|sp)-(\d+)(?:-[\w.]+)?$")
 
 
@@ -57,8 +80,19 @@ class CompletedCheckpoint:
         return bool(self.metadata.get("savepoint"))
 
 
+def _canonical(metadata: dict[str, Any]) -> bytes:
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def seal_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` with its own checksum added."""
+    rest = {k: v for k, v in metadata.items() if k != SELF_CHECKSUM}
+    return {**rest, SELF_CHECKSUM: crc32c(_canonical(rest))}
+
+
 def read_checkpoint(path: Path) -> CompletedCheckpoint:
-    """A complete checkpoint or savepoint folder; ConfigurationError if it is not one."""
+    """A complete checkpoint or savepoint folder: ConfigurationError if it is not one (no
+    metadata), CheckpointDamagedError if its metadata cannot be read or fails its checksum."""
     path = Path(path)
     meta = path / METADATA
     if not meta.is_file():
@@ -66,10 +100,24 @@ def read_checkpoint(path: Path) -> CompletedCheckpoint:
             f"{path} is not a complete checkpoint or savepoint (no {METADATA})"
         )
     try:
-        metadata = json.loads(meta.read_text(encoding="utf-8"))
+        metadata = json.loads(meta.read_bytes())
+    except OSError as exc:
+        raise CheckpointDamagedError(str(meta), f"cannot be read: {exc}") from None
     except ValueError as exc:
-        raise ConfigurationError(f"{meta} is not valid JSON: {exc}") from None
-    return CompletedCheckpoint(int(metadata["id"]), path, metadata)
+        raise CheckpointDamagedError(str(meta), f"not valid JSON: {exc}") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointDamagedError(str(meta), "not a JSON object")
+    if SELF_CHECKSUM in metadata:
+        rest = {k: v for k, v in metadata.items() if k != SELF_CHECKSUM}
+        if crc32c(_canonical(rest)) != metadata[SELF_CHECKSUM]:
+            raise CheckpointDamagedError(str(meta), "checksum mismatch (the metadata changed)")
+    elif metadata.get("format") == FORMAT_VERSION:
+        raise CheckpointDamagedError(str(meta), f"no {SELF_CHECKSUM}")
+    try:
+        checkpoint_id = int(metadata["id"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointDamagedError(str(meta), "no checkpoint id") from None
+    return CompletedCheckpoint(checkpoint_id, path, metadata)
 
 
 class CheckpointStorage:
@@ -78,9 +126,16 @@ class CheckpointStorage:
     def __init__(self, location: str | Path, retained: int = 3) -> None:
         self.root = storage_path(str(location))
         self.retained = retained
+        #: names of checkpoint folders found damaged: they do not count as retained
+        self.damaged: set[str] = set()
 
     def prepare(self) -> None:
         """Create the directory; delete checkpoints a crash left half-written."""
+        if self.retained < 2:
+            log.warning(
+                "checkpoints_retained=%d: a damaged checkpoint has no older one to fall back to",
+                self.retained,
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         for folder in self.root.iterdir():
             if folder.is_dir() and _NAME.match(folder.name) and not (folder / METADATA).exists():
@@ -100,6 +155,20 @@ class CheckpointStorage:
                 except (ConfigurationError, KeyError, ValueError) as exc:
                     log.warning("ignoring unreadable checkpoint %s: %s", folder, exc)
         return sorted(found, key=lambda c: c.id)
+
+    def candidates(self) -> list[Path]:
+        """The folders of complete checkpoints (not savepoints), newest first, from their names
+        and the presence of their metadata alone (nothing is read)."""
+        if not self.root.is_dir():
+            return []
+        found = [
+            (int(match.group(2)), folder)
+            for folder in self.root.iterdir()
+            if (match := _NAME.match(folder.name))
+            and match.group(1) == "chk"
+            and (folder / METADATA).is_file()
+        ]
+        return [folder for _, folder in sorted(found, reverse=True)]
 
     def latest(self) -> CompletedCheckpoint | None:
         completed = self.completed()
@@ -130,17 +199,21 @@ class CheckpointStorage:
         return folder
 
     def finish(self, folder: Path, metadata: dict[str, Any]) -> CompletedCheckpoint:
-        """Step 4 of the protocol: write the metadata, last and atomically."""
+        """Step 4 of the protocol: write the metadata (with its checksum), last and
+        atomically."""
+        metadata = seal_metadata(metadata)
         write_atomically(folder / METADATA, json.dumps(metadata, indent=1).encode("utf-8"))
         fsync_dir(folder.parent)  # the folder's own name, made by begin()
         return CompletedCheckpoint(int(metadata["id"]), folder, metadata)
 
     def prune(self) -> None:
-        """Keep the newest ``retained`` checkpoints; savepoints are never touched.
+        """Keep the newest ``retained`` checkpoints; savepoints are never touched. Runs once a
+        newer checkpoint is complete, so the checkpoint restored last stays until then.
 
-        From the folder names alone: this runs on every checkpoint, and reading every
-        retained checkpoint's metadata (RocksDB's lists every file) would cost more than it
-        tells."""
+        Checkpoints found damaged (``damaged``) do not count: they stay until they are older
+        than every retained one. From the folder names alone: this runs on every checkpoint,
+        and reading every retained checkpoint's metadata (RocksDB's lists every file) would
+        cost more than it tells."""
         completed = sorted(
             (int(match.group(2)), folder)
             for folder in self.root.iterdir()
@@ -148,5 +221,10 @@ class CheckpointStorage:
             and match.group(1) == "chk"
             and (folder / METADATA).is_file()
         )
-        for _, old in completed[: max(0, len(completed) - self.retained)]:
-            shutil.rmtree(old, ignore_errors=True)
+        intact = [(i, folder) for i, folder in completed if folder.name not in self.damaged]
+        kept = intact[-self.retained :]
+        oldest_kept = kept[0][0] if kept else math.inf
+        for checkpoint_id, old in completed:
+            if checkpoint_id < oldest_kept:
+                shutil.rmtree(old, ignore_errors=True)
+                self.damaged.discard(old.name)

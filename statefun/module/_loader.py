@@ -14,6 +14,7 @@ import difflib
 import logging
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -23,6 +24,12 @@ import yaml
 
 from statefun._exceptions import ModuleError
 from statefun.module._durations import DURATION_EXAMPLE, format_duration, parse_duration
+from statefun.module._http_options import (
+    endpoint_headers,
+    ingress_allowed_hosts,
+    ingress_tls,
+    ingress_token,
+)
 from statefun.module._specs import (
     ASYNC_TRANSPORT,
     OKHTTP_TRANSPORT,
@@ -281,12 +288,13 @@ def _transport(fields: _Fields | None) -> TransportSpec:
 
 
 def _http_endpoint_v2(spec: _Fields) -> HttpEndpointSpec:
-    transport = spec.mapping("transport", None)
+    transport = _transport(spec.mapping("transport", None))
+    headers = endpoint_headers(spec)
     return HttpEndpointSpec(
         functions=_functions(spec),
         url_path_template=_url_template(spec),
         max_num_batch_requests=spec.integer("maxNumBatchRequests", 1000),
-        transport=_transport(transport),
+        transport=replace(transport, headers=headers) if headers else transport,
         source=spec.doc.source,
     )
 
@@ -474,26 +482,38 @@ def _kafka_ingress(spec: _Fields) -> KafkaIngressSpec:
 _SEMANTICS = ("at-least-once", "exactly-once", "none")
 
 
+def _delivery_semantic(
+    spec: _Fields, semantics: tuple[str, ...], default: str, *, needs_timeout: bool
+) -> tuple[str, timedelta | None]:
+    """``deliverySemantic`` as a string (``exactly-once``) or as StateFun's mapping
+    (``{type: exactly-once, transactionTimeout: 15min}``): the semantic and the transaction
+    timeout, if one was given (with ``needs_timeout``, exactly-once in a mapping needs one)."""
+    expected = "one of " + ", ".join(semantics)
+    if not isinstance(spec.data.get("deliverySemantic"), dict):
+        semantic = spec.string("deliverySemantic", f"{expected} or a mapping with type", default)
+        if semantic not in semantics:
+            raise spec.fail("deliverySemantic", f"expected {expected}; got {semantic!r}")
+        return semantic, None
+    delivery = spec.mapping("deliverySemantic")
+    semantic = delivery.string("type", expected)
+    if semantic not in semantics:
+        raise delivery.fail("type", f"expected {expected}; got {semantic!r}")
+    timeout = None
+    # The old millisecond field wins, as in StateFun.
+    key = "transactionTimeoutMillis" if delivery.has("transactionTimeoutMillis") else None
+    key = key or ("transactionTimeout" if delivery.has("transactionTimeout") else None)
+    if semantic == "exactly-once" and (key or needs_timeout):
+        timeout = delivery.duration(key or "transactionTimeout")
+    delivery.seen.update(("transactionTimeout", "transactionTimeoutMillis"))
+    delivery.done()
+    return semantic, timeout
+
+
 def _kafka_egress(spec: _Fields) -> KafkaEgressSpec:
     egress_id = spec.typename("id")
     address = spec.string("address", "the Kafka bootstrap servers such as 'kafka:9092'")
-    semantic, timeout = "at-least-once", timedelta(minutes=15)
-    delivery = spec.mapping("deliverySemantic", None)
-    if delivery is not None:
-        semantic = delivery.string("type", "one of " + ", ".join(_SEMANTICS))
-        if semantic not in _SEMANTICS:
-            raise delivery.fail(
-                "type", f"expected one of {', '.join(_SEMANTICS)}; got {semantic!r}"
-            )
-        if semantic == "exactly-once":  # the old millisecond field wins, as in StateFun
-            key = (
-                "transactionTimeoutMillis"
-                if delivery.has("transactionTimeoutMillis")
-                else "transactionTimeout"
-            )
-            timeout = delivery.duration(key)
-        delivery.seen.update(("transactionTimeout", "transactionTimeoutMillis"))
-        delivery.done()
+    semantic, timeout = _delivery_semantic(spec, _SEMANTICS, "at-least-once", needs_timeout=True)
+    timeout = timeout or timedelta(minutes=15)
     return KafkaEgressSpec(
         id=egress_id,
         address=address,
@@ -513,6 +533,9 @@ def _http_ingress(spec: _Fields) -> HttpIngressSpec:
         reply_timeout=spec.duration("replyTimeout", timedelta(seconds=30)),
         max_pending=spec.integer("maxPending", 10_000),
         source=spec.doc.source,
+        allowed_hosts=ingress_allowed_hosts(spec),
+        token=ingress_token(spec),
+        tls=ingress_tls(spec),
     )
 
 
@@ -534,10 +557,9 @@ _FILE_SEMANTICS = ("exactly-once", "at-least-once")
 def _file_egress(spec: _Fields) -> FileEgressSpec:
     egress_id = spec.typename("id")
     path = _path(spec)
-    expected = "one of " + ", ".join(_FILE_SEMANTICS)
-    semantic = spec.string("deliverySemantic", expected, "exactly-once")
-    if semantic not in _FILE_SEMANTICS:
-        raise spec.fail("deliverySemantic", f"expected {expected}; got {semantic!r}")
+    # A transaction timeout is accepted (as the Kafka egress's form) and has no use here: a
+    # file egress's transaction ends with its checkpoint.
+    semantic, _ = _delivery_semantic(spec, _FILE_SEMANTICS, "exactly-once", needs_timeout=False)
     return FileEgressSpec(
         id=egress_id, path=path, exactly_once=semantic == "exactly-once", source=spec.doc.source
     )

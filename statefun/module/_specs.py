@@ -75,6 +75,8 @@ class TransportSpec:
     client_cert: str | None = None  # client certificate for mutual TLS
     client_key: str | None = None  # PKCS8 private key for mutual TLS
     client_key_password: str | None = None  # file holding the key's password
+    #: headers sent with every request (``spec.headers``; ``${NAME}`` already substituted)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,9 @@ class HttpIngressSpec:
     reply_timeout: timedelta = timedelta(seconds=30)
     max_pending: int = 10_000  # requests accepted but not yet routed, before 503
     source: str = ""
+    allowed_hosts: tuple[str, ...] | None = None  # None: loopback names on a loopback host
+    token: str | None = field(default=None, repr=False)  # bearer token every request needs
+    tls: tuple[Path, Path, Path | None] | None = None  # certificate, key, client CA files
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,27 @@
 * ``GET /status``: JSON with messages in flight, invocations, checkpoints (how many, the last
   one's duration and CPU time, the longest stall).
 * ``POST /savepoints``: take a savepoint now; JSON ``{"id": ..., "path": ...}``.
+
+It runs on the built-in HTTP server (``statefun._http.server``), with its defences (request
+deadlines, connection caps, the ``Host`` allow-list against DNS rebinding), and refuses what a
+web page in a browser could send it: a request with an ``Origin`` other than the server's own
+(403) and a POST with a body that is not ``application/json`` (415; a POST without a body, as
+``statefun savepoint create`` sends, is fine). Savepoints are rate-limited: one at a time and
+at most one per ``admin_savepoint_min_interval_ms`` (429 with ``Retry-After``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from aiohttp import web
+from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
+from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 
 if TYPE_CHECKING:
     from statefun.runtime._job import Job
@@ -19,31 +32,35 @@ __all__ = ["AdminServer"]
 
 log = logging.getLogger(__name__)
 
+_ROUTES = {"/status": "GET", "/savepoints": "POST"}
+
 
 class AdminServer:
+    max_body_bytes = 1024
+
     def __init__(self, job: Job, port: int, host: str = "127.0.0.1") -> None:
         self.job = job
         self.host = host
         self.port = port
-        self._runner: web.AppRunner | None = None
+        self.savepoints_refused = 0
+        self._server: HttpServer | None = None
+        self._savepoint_running = False
+        self._last_savepoint = -math.inf  # monotonic time the last savepoint started
+        settings = job.settings
+        self._min_interval = settings.admin_savepoint_min_interval_ms / 1000
+        self._options = ServerOptions.from_settings(settings)
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=1024)
-        app.router.add_get("/status", self._status)
-        app.router.add_post("/savepoints", self._savepoint)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        if self.port == 0 and self._runner.addresses:
-            self.port = int(self._runner.addresses[0][1])
+        self._server = HttpServer(self, options=self._options, name="admin server")
+        self.port = await self._server.start(self.host, self.port)
         log.info(
             "admin server on http://%s:%d (GET /status, POST /savepoints)", self.host, self.port
         )
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close(2.0)
+            self._server = None
 
     def status(self) -> dict[str, Any]:
         job = self.job
@@ -66,13 +83,67 @@ class AdminServer:
             },
         }
 
-    async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
+    # -- the built-in server's Application --------------------------------------------------
 
-    async def _savepoint(self, request: web.Request) -> web.Response:
-        if self.job.checkpoints is None:
-            return web.Response(
-                status=409, text="checkpoints are off: set checkpoint_dir to take savepoints\n"
+    def too_large(self, length: int | None) -> Reply:
+        return plain(413, f"the admin server takes bodies of at most {self.max_body_bytes} bytes")
+
+    def check(self, request: Request) -> Reply | None:
+        method = _ROUTES.get(request.path)
+        if method is None:
+            return plain(404, f"no such path {request.path[:100]!r}; try /status or /savepoints")
+        origin = request.headers.get("origin")
+        if origin is not None and not self._own_origin(origin):
+            return plain(403, f"cross-site request refused (Origin {origin[:80]!r})")
+        if request.method != method and not (method == "GET" and request.method == "HEAD"):
+            return plain(405, f"use {method} on {request.path}", (("Allow", method),))
+        has_body = request.content_type or request.length or request.chunked
+        if (
+            method == "POST"
+            and has_body
+            and media_type(request.content_type or "") != ("application/json")
+        ):
+            return plain(415, "send no body, or an application/json one")
+        return None
+
+    def _own_origin(self, origin: str) -> bool:
+        parts = urlsplit(origin.strip().lower())
+        try:
+            port = parts.port
+        except ValueError:
+            return False
+        host = parts.netloc.rpartition(":")[0] if port is not None else parts.netloc
+        names = {*LOOPBACK_HOSTS, self.host.lower()}
+        return parts.scheme == "http" and port == self.port and host in names
+
+    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
+        if request.path == "/status":
+            return Reply(200, "application/json", json.dumps(self.status()).encode())
+        return self._savepoint()
+
+    async def _savepoint(self) -> Reply:
+        checkpoints = self.job.checkpoints
+        if checkpoints is None:
+            return plain(409, "checkpoints are off: set checkpoint_dir to take savepoints")
+        wait = self._min_interval - (time.monotonic() - self._last_savepoint)
+        if self._savepoint_running or wait > 0:
+            self.savepoints_refused += 1
+            why = "a savepoint is being taken" if self._savepoint_running else "one was just taken"
+            retry = max(1, math.ceil(wait))
+            return plain(
+                429,
+                f"{why}; at most one per {self._min_interval:g}s "
+                "(setting admin_savepoint_min_interval_ms)",
+                (("Retry-After", str(retry)),),
             )
-        savepoint = await self.job.checkpoints.checkpoint(savepoint=True)
-        return web.json_response({"id": savepoint.id, "path": str(savepoint.path)})
+        self._savepoint_running = True
+        self._last_savepoint = time.monotonic()
+        try:
+            savepoint = await checkpoints.checkpoint(savepoint=True)
+        except Exception as exc:  # the caller gets the reason; the job goes on
+            log.warning("savepoint failed: %s", exc)
+            return plain(500, f"savepoint failed: {exc}")
+        finally:
+            self._savepoint_running = False
+        body = json.dumps({"id": savepoint.id, "path": str(savepoint.path)}).encode()
+        return Reply(200, "application/json", body)

@@ -41,27 +41,33 @@ def _settings_overrides(pairs: list[str]) -> dict[str, str]:
     return overrides
 
 
-def _module_arguments(parser: argparse.ArgumentParser) -> None:
+def _module_arguments(parser: argparse.ArgumentParser, what: str = "to run") -> None:
     parser.add_argument(
         "modules",
         metavar="MODULE_YAML",
         nargs="*",
         default=["module.yaml"],
-        help="module.yaml file(s) to run (default: ./module.yaml)",
+        help=f"the module.yaml file(s) {what}, read together as one module "
+        "(default: ./module.yaml)",
     )
-    parser.add_argument("--parallelism", type=int, default=None, help="dispatcher subtasks")
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        help="dispatcher subtasks (default: the setting parallelism, 2)",
+    )
     parser.add_argument(
         "--set",
         dest="settings",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a runtime setting (see docs/settings.md); repeatable",
+        help="a runtime setting; `statefun settings` lists them all; repeatable",
     )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    _module_arguments(parser)
+    _module_arguments(parser, "to run")
     parser.add_argument(
         "--from-savepoint",
         metavar="PATH",
@@ -76,8 +82,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    _module_arguments(parser)
-    parser.add_argument("--format", choices=("text", "dot"), default="text")
+    _module_arguments(parser, "to plan")
+    parser.add_argument(
+        "--format",
+        choices=("text", "dot"),
+        default="text",
+        help="text to read, or Graphviz DOT to draw (statefun plan --format dot | dot -Tsvg)",
+    )
 
 
 def _load(args: argparse.Namespace) -> tuple[object, object]:
@@ -93,20 +104,15 @@ def _load(args: argparse.Namespace) -> tuple[object, object]:
 
 
 def plan(args: argparse.Namespace) -> int:
+    from statefun.runtime._functions import FunctionRegistry
     from statefun.runtime._plan import make_plan
 
     module, settings = _load(args)
+    FunctionRegistry(module)  # type: ignore[arg-type]  # embedded code is found, as by run
     job_plan = make_plan(module, settings)  # type: ignore[arg-type]
     text = job_plan.to_dot() if args.format == "dot" else job_plan.to_text()
     sys.stdout.write(text + "\n")
     return 0
-
-
-def _restart_delay(settings: Any, attempt: int) -> float:
-    base = settings.restart_delay_ms / 1000.0
-    if settings.restart_strategy == "fixed-delay":
-        return float(base)
-    return float(min(60.0, base * 2 ** (attempt - 1)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,34 +141,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("checkpoints: off (set checkpoint_dir for exactly-once across restarts)")
     from_savepoint = Path(args.from_savepoint) if args.from_savepoint else None
-    attempt = 0
+    from statefun.runtime._restarts import RestartPolicy
+
+    restarts = RestartPolicy(settings)
     while True:
         job = build_job(module, settings)  # type: ignore[arg-type]
         job.restore_from = from_savepoint
         job.allow_dropping_state = args.allow_dropping_state
+        restarts.started()
         try:
             asyncio.run(_run_until_signalled(job))
             return 0
         except JobFailedError as exc:
             log.error("%s", exc)
-            retry = (
-                settings.checkpoint_dir  # type: ignore[attr-defined]
-                and settings.restart_strategy != "none"  # type: ignore[attr-defined]
-                and attempt < settings.restart_attempts  # type: ignore[attr-defined]
-                and not job.stopped_by_user
-            )
-            if not retry:
+            if not settings.checkpoint_dir or job.stopped_by_user:  # type: ignore[attr-defined]
+                return 1
+            delay, what = restarts.failed()
+            if delay is None:
+                log.error("not restarting: %s", what)
                 return 1
         except asyncio.CancelledError:
             return 130
-        attempt += 1
-        delay = _restart_delay(settings, attempt)
-        log.warning(
-            "restart %d of %d in %.1f s, from the last checkpoint",
-            attempt,
-            settings.restart_attempts,  # type: ignore[attr-defined]
-            delay,
-        )
+        log.warning("restart %s, in %.1f s, from the last checkpoint", what, delay)
         time.sleep(delay)
         from_savepoint = None  # restarts resume from the latest checkpoint
 
@@ -199,10 +199,20 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         default="http://127.0.0.1:8091",
         help="the job's admin server (setting admin_port; default: %(default)s)",
     )
-    listing = actions.add_parser("list", help="list savepoints and checkpoints in a folder")
-    listing.add_argument("directory", metavar="DIR", help="a savepoint or checkpoint folder")
+    listing = actions.add_parser(
+        "list", help="list the savepoints and checkpoints in a folder and its subfolders"
+    )
+    listing.add_argument(
+        "directory",
+        metavar="DIR",
+        help="a folder holding savepoints or checkpoints, e.g. .statefun or a checkpoint_dir",
+    )
     inspect = actions.add_parser("inspect", help="describe one savepoint or checkpoint")
-    inspect.add_argument("path", metavar="PATH")
+    inspect.add_argument(
+        "path",
+        metavar="PATH",
+        help="a savepoint or checkpoint folder (one with a _metadata file), as `list` prints",
+    )
 
 
 def savepoint(args: argparse.Namespace) -> int:
@@ -226,18 +236,35 @@ def savepoint(args: argparse.Namespace) -> int:
         root = Path(args.directory)
         if not root.is_dir():
             raise ConfigurationError(f"{root} is not a directory")
-        for folder in sorted(root.iterdir()):
-            if (folder / METADATA).is_file():
-                meta = read_checkpoint(folder).metadata
-                kind = "savepoint " if meta.get("savepoint") else "checkpoint"
-                created = time.strftime(
-                    "%Y-%m-%d %H:%M:%S", time.localtime(meta["created_ms"] / 1000)
-                )
-                sys.stdout.write(f"{kind} {meta['id']:>6}  {created}  {folder}\n")
+        found = _checkpoint_folders(root, METADATA)
+        if not found:
+            sys.stdout.write(f"no savepoints or checkpoints in {root} or its subfolders\n")
+        for folder in found:
+            meta = read_checkpoint(folder).metadata
+            kind = "savepoint " if meta.get("savepoint") else "checkpoint"
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta["created_ms"] / 1000))
+            sys.stdout.write(f"{kind} {meta['id']:>6}  {created}  {folder}\n")
         return 0
     checkpoint = read_checkpoint(Path(args.path))
     sys.stdout.write(json.dumps(_describe(checkpoint), indent=2) + "\n")
     return 0
+
+
+def _checkpoint_folders(root: Path, metadata: str, depth: int = 4) -> list[Path]:
+    """The complete checkpoint and savepoint folders in ``root`` or below it (up to ``depth``
+    levels; a checkpoint's own subfolders are not searched), sorted by path."""
+    if (root / metadata).is_file():
+        return [root]
+    if depth == 0:
+        return []
+    found: list[Path] = []
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    for child in children:
+        found.extend(_checkpoint_folders(child, metadata, depth - 1))
+    return found
 
 
 def _describe(checkpoint: Any) -> dict[str, Any]:
@@ -272,6 +299,13 @@ def add_send_arguments(parser: argparse.ArgumentParser) -> None:
         "--call", action="store_true", help="wait for the function's reply and print it"
     )
     parser.add_argument("--timeout", type=float, default=35.0, help="seconds to wait")
+    parser.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        default=None,
+        help="send an Idempotency-Key header: sending again with the same KEY is answered "
+        "with the first outcome instead of being processed twice",
+    )
 
 
 def send(args: argparse.Namespace) -> int:
@@ -288,6 +322,8 @@ def send(args: argparse.Namespace) -> int:
         headers={"Content-Type": "text/plain; charset=utf-8"},
         method="POST",
     )
+    if args.idempotency_key is not None:
+        request.add_header("Idempotency-Key", args.idempotency_key)
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as response:
             body = response.read().decode("utf-8", errors="replace")

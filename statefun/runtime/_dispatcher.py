@@ -13,7 +13,12 @@ address's mailbox (the order is the same: nothing waits before it).
 
 The results of an invocation are applied in one loop step: state, then outgoing messages
 through the feedback channel (back to keyBy), delayed messages and cancellations to the timer
-service, egress records to the sinks. A failed batch changes nothing. When a remote address
+service, egress records to the sinks. A failed batch changes nothing; a result that writes a
+state with another type than its spec's is refused whole (``StateWriteRejectedError``: the
+batch goes to the dead letters), and a stored value of another type (from before, or after a
+spec changed type) is moved out of the state to the dead letters - before a remote address's
+next call, or when an embedded function's read of it raises (the invocation then runs once
+more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
@@ -30,7 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import (
     FunctionInvocationError,
+    InvalidValueError,
     MalformedResponseError,
+    MessageValueError,
+    StateTypeMismatchError,
+    StateWriteRejectedError,
     TerminalFunctionError,
 )
 from statefun.runtime._envelope import Envelope
@@ -265,11 +274,13 @@ class Dispatcher:
     def _failed_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, exc: Exception
     ) -> None:
-        """The function raised: nothing of the invocation is applied; the policy decides."""
+        """The function raised: nothing of the invocation is applied; the policy decides (a
+        value that fails its own type is the sender's error: a dead letter)."""
+        kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         self.job.on_failure(
             function.typename,
             [envelope],
-            TerminalFunctionError(
+            kind(
                 f"function {function.typename} failed on {envelope.id!r}: "
                 f"{type(exc).__name__}: {exc}"
             ),
@@ -306,6 +317,9 @@ class Dispatcher:
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
+            if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
+                self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
+                return
             self._failed_embedded(function, envelope, exc)
             return
         self._apply_embedded(function, key, key_group, values, context, now)
@@ -340,6 +354,8 @@ class Dispatcher:
                             # (in the same step as taking it from the mailbox).
                             mailbox = self.busy[key]
                             room = function.max_batch - len(batch)
+                            if job.isolated:
+                                room = self._isolated_room(batch, mailbox, room)
                             while mailbox and room > 0:
                                 batch.append(mailbox.popleft())
                                 room -= 1
@@ -357,11 +373,15 @@ class Dispatcher:
                         await self._call_embedded_async(function, key, key_group, batch)
                         release(len(batch))
                 except FunctionInvocationError as exc:
-                    job.on_failure(function.typename, batch, exc)
-                    release(len(batch))
+                    again = job.on_failure(function.typename, batch, exc)
+                    self._put_back(key, again)
+                    release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
-                    job.on_failure(function.typename, batch, TerminalFunctionError(str(exc)))
-                    release(len(batch))
+                    again = job.on_failure(
+                        function.typename, batch, TerminalFunctionError(str(exc))
+                    )
+                    self._put_back(key, again)
+                    release(len(batch) - len(again))
                 mailbox = self.busy[key]
                 if not mailbox:
                     if held is not None:
@@ -369,6 +389,8 @@ class Dispatcher:
                         held = None
                     return
                 size = min(len(mailbox), job.batch_limit(function.typename))
+                if job.isolated:
+                    size = self._isolated_room([], mailbox, size)
                 batch = [mailbox.popleft() for _ in range(size)]
                 job.mailbox_taken(key, len(mailbox))
         except asyncio.CancelledError:
@@ -382,6 +404,33 @@ class Dispatcher:
             self._encode_ahead.pop(key, None)
             job.mailbox_taken(key, 0)
 
+    def _isolated_room(self, batch: list[Envelope], mailbox: deque[Envelope], room: int) -> int:
+        """How many messages from the head of ``mailbox`` may join ``batch`` (at most
+        ``room``) while a quarantine looks for the message behind a failure: a message it
+        suspects travels alone (see Job.on_failure)."""
+        isolated = self.job.isolated
+        if batch:
+            if batch[0] in isolated:
+                isolated.discard(batch[0])
+                return 0
+            allowed = 0
+        else:
+            if mailbox and mailbox[0] in isolated:
+                isolated.discard(mailbox[0])
+                return 1
+            allowed = 0
+        for envelope in mailbox:
+            if allowed >= room or envelope in isolated:
+                break
+            allowed += 1
+        return allowed
+
+    def _put_back(self, key: AddressKey, envelopes: list[Envelope]) -> None:
+        """Messages of a failed batch to send again (a quarantine took others out of it):
+        at the head of the address's mailbox, in order, still in flight."""
+        if envelopes:
+            self.busy[key].extendleft(reversed(envelopes))
+
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]
     ) -> None:
@@ -389,15 +438,23 @@ class Dispatcher:
             # Each message is its own invocation, with the state the previous one left; once
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
-            values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-            try:
-                await function.function.fun(
-                    context, Message(envelope.typename, envelope.id, envelope.value)
-                )
-            except Exception as exc:
-                self._failed_embedded(function, envelope, exc)
-                continue
-            self._apply_embedded(function, key, key_group, values, context, now)
+            for attempt in range(2):
+                values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+                try:
+                    await function.function.fun(
+                        context, Message(envelope.typename, envelope.id, envelope.value)
+                    )
+                except Exception as exc:
+                    if (
+                        attempt == 0
+                        and type(exc) is StateTypeMismatchError
+                        and self._moved_out(function, key, key_group)
+                    ):
+                        continue  # once more, without the values of another type
+                    self._failed_embedded(function, envelope, exc)
+                    break
+                self._apply_embedded(function, key, key_group, values, context, now)
+                break
 
     def _emit(
         self,
@@ -445,6 +502,8 @@ class Dispatcher:
             now = now_ms()
             stored = job.state.get(key_group, key)
             values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
+            if values and self._mistyped(function, values):
+                self._move_out_mistyped(function, key, key_group, values)
             states = [
                 (name, spec.typename, values.get(name)) for name, spec in function.specs.items()
             ]
@@ -464,6 +523,55 @@ class Dispatcher:
         raise TerminalFunctionError(
             f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
         )
+
+    def _moved_out(self, function: EmbeddedFunction, key: AddressKey, key_group: int) -> bool:
+        """An embedded function read a state value of another type than its spec's: move such
+        values out of the address (``_move_out_mistyped``); whether there were any."""
+        values = dict(self.job.state.get(key_group, key) or {})
+        if not self._mistyped(function, values):
+            return False
+        self._move_out_mistyped(function, key, key_group, values)
+        return True
+
+    @staticmethod
+    def _mistyped(function: EmbeddedFunction | RemoteFunction, values: dict[str, Any]) -> bool:
+        specs = function.specs
+        for name, value in values.items():
+            spec = specs.get(name)
+            if spec is not None and str(value.typename) != spec.typename:
+                return True
+        return False
+
+    def _move_out_mistyped(
+        self,
+        function: EmbeddedFunction | RemoteFunction,
+        key: AddressKey,
+        key_group: int,
+        values: dict[str, Any],
+    ) -> None:
+        """Stored values whose type is not their spec's (written before such writes were
+        refused, or the spec changed type): sent, they would fail every batch of the address.
+        Each goes to the dead letters (a record with ``state``: name, value and both types) and
+        out of the state, so the address works again; nothing is lost."""
+        job = self.job
+        stored = dict(job.state.get(key_group, key) or {})
+        for name, value in list(values.items()):
+            spec = function.specs.get(name)
+            if spec is None or str(value.typename) == spec.typename:
+                continue
+            job.dead_letter_record(
+                {
+                    "target": key[0],
+                    "id": key[1],
+                    "state": name,
+                    "reason": f"stored state {name!r} of {key[0]}/{key[1]} has type "
+                    f"{value.typename}, but its spec says {spec.typename}: moved out of the state",
+                },
+                value,
+            )
+            del values[name]
+            stored.pop(name, None)
+        job.state.put(key_group, key, stored)
 
     @staticmethod
     def _register_specs(function: RemoteFunction, incomplete: Any) -> None:
@@ -557,6 +665,13 @@ class Dispatcher:
                 )
             if mutation.mutation_type == _MODIFY:
                 tv = mutation.state_value
+                expected = function.specs[name].typename
+                if tv.typename != expected:
+                    raise StateWriteRejectedError(
+                        f"function {typename} wrote state {name!r} with type "
+                        f"{tv.typename or '(none)'}, but its spec says {expected}: the batch's "
+                        "effects are refused and the state is unchanged"
+                    )
                 values[name] = TypedValue(tv.typename, tv.value if tv.has_value else None)
             else:
                 values.pop(name, None)

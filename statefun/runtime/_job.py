@@ -17,27 +17,34 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import gc
-import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from statefun._exceptions import FunctionInvocationError, JobFailedError, ModuleError
+from statefun._exceptions import (
+    FunctionInvocationError,
+    JobFailedError,
+    MessageValueError,
+    ModuleError,
+    UndeliverableError,
+)
 from statefun._keygroups import key_group_for, subtask_for_key_group
 from statefun._settings import Settings
-from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash, restore
+from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash
+from statefun.checkpoint.recovery import restore, restore_latest
 from statefun.checkpoint.storage import CheckpointStorage, read_checkpoint
 from statefun.egress.base import Sink
 from statefun.ingress.base import Source
 from statefun.module._specs import ModuleSpec
+from statefun.runtime._deadletters import DeadLetterFile
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry, RemoteFunction
+from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._timers import TimerService
 from statefun.sdk._spec import SdkAddress
@@ -104,7 +111,13 @@ class Job:
         #: per function typename: (a remote function?, its batch limit); see _kind
         self._kinds: dict[str, tuple[bool, int]] = {}
         self.dead_letters = 0
-        self._dead_letter_folder_made = False
+        self.dead_letter_file = DeadLetterFile(
+            self.settings.dead_letter_path, self.settings.dead_letter_max_bytes
+        )
+        #: failures that stopped the job, remembered across restarts (on with checkpoints)
+        self.quarantine = Quarantine(None, 0)
+        #: messages a quarantine suspects: each goes to its function in a batch of its own
+        self.isolated: set[Envelope] = set()
         self._room = asyncio.Event()
         self._room.set()
         self._changed = asyncio.Event()
@@ -329,9 +342,16 @@ class Job:
         future.set_result(value)
 
     def seal_replies(self) -> list[tuple[str, Any]]:
-        """The replies produced since the last cut (released when the checkpoint completes)."""
+        """At a checkpoint's cut: the replies produced since the last cut (released when the
+        checkpoint completes). The dead letters written since are made durable here too: once
+        the checkpoint completes their messages are not replayed."""
+        self.dead_letter_file.sync()
         sealed, self._unreleased_replies = self._unreleased_replies, []
         return sealed
+
+    def held_replies(self) -> list[tuple[str, Any]]:
+        """The replies produced since the last cut, still held (request id, value); read-only."""
+        return list(self._unreleased_replies)
 
     def release_replies(self, replies: list[tuple[str, Any]]) -> None:
         for request_id, value in replies:
@@ -352,44 +372,89 @@ class Job:
         batch: list[Envelope],
         error: FunctionInvocationError,
         cause: BaseException | None = None,
-    ) -> None:
-        """A batch failed for good: apply the remote failure policy."""
+    ) -> list[Envelope]:
+        """A batch failed for good: apply the remote failure policy. The messages of ``batch``
+        to send again (the caller puts them back at the head of the address's mailbox, in
+        order): those a quarantine left behind; usually none."""
+        if isinstance(error, UndeliverableError):  # the input's problem, whatever the policy
+            if isinstance(error, MessageValueError) and len(batch) > 1:
+                # one message's value is bad: each goes again alone, the bad one fails alone
+                log.warning(
+                    "%s; the %d messages of the batch go again one by one", error, len(batch)
+                )
+                self.isolated.update(batch)
+                return batch
+            self.dead_letter(batch, str(error))
+            return []
         if self.settings.remote_failure_policy == "dead-letter":
             log.error("%s; %d message(s) go to the dead letters", error, len(batch), exc_info=cause)
             self.dead_letter(batch, str(error))
-            return
+            return []
+        quarantined = self.quarantine.failed(batch, signature(typename, error))
+        if len(quarantined) > 1:
+            log.error(
+                "%s; failed the job %d times the same way: its %d suspect message(s) are sent "
+                "again one by one to find the one that fails",
+                error,
+                self.quarantine.after,
+                len(quarantined),
+            )
+            self.isolated.update(quarantined)
+            return batch
+        if quarantined:
+            log.error(
+                "%s; failed the job %d times the same way: %d message(s) quarantined to the "
+                "dead letters, the job goes on",
+                error,
+                self.quarantine.after,
+                len(quarantined),
+            )
+            self.dead_letter(
+                quarantined,
+                f"quarantined after failing {self.quarantine.after} times the same way: {error}",
+            )
+            chosen = {id(envelope) for envelope in quarantined}
+            return [envelope for envelope in batch if id(envelope) not in chosen]
         log.error("%s; the job stops (remote_failure_policy=fail)", error, exc_info=cause)
         self.fail(error)
+        return []
 
     def dead_letter(self, batch: list[Envelope], reason: str) -> None:
+        """Messages that cannot be delivered: to the dead-letter file (one ERROR line each,
+        rate limited); a request-reply caller waiting for one hears the reason at once."""
         records = []
+        limiter = self.dead_letter_file.limiter
         for envelope in batch:
-            log.error("dead letter to %s/%s: %s", envelope.typename, envelope.id, reason)
+            if limiter.allow():
+                log.error("dead letter to %s/%s: %s", envelope.typename, envelope.id, reason)
+            caller = envelope.caller
             record = {
                 "target": envelope.typename,
                 "id": envelope.id,
-                "caller": envelope.caller.typename + "/" + envelope.caller.id
-                if envelope.caller
-                else None,
+                "caller": caller.typename + "/" + caller.id if caller else None,
                 "reason": reason,
             }
             records.append((record, envelope.value))
-        self._write_dead_letters(records)
+        seqs = self._write_dead_letters(records)
+        for envelope, seq in zip(batch, seqs, strict=True):
+            caller = envelope.caller
+            if caller is not None and caller.typename == REPLY_TYPENAME:
+                future = self.replies.pop(caller.id, None)
+                if future is not None and not future.done():
+                    future.set_exception(UndeliverableError(f"dead letter {seq}: {reason}"))
 
-    def _write_dead_letters(self, records: list[tuple[dict[str, Any], Any]]) -> None:
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
+        """Something other than a message (an ingress record, a state value) that goes to
+        the dead letters; ``fields`` say what and why (``reason``). Logged (rate limited)."""
+        if self.dead_letter_file.limiter.allow():
+            log.error("dead letter: %s", fields.get("reason"))
+        self._write_dead_letters([(fields, value)])
+
+    def _write_dead_letters(self, records: list[tuple[dict[str, Any], Any]]) -> list[int]:
         """Append records (with their values) to the dead-letter file, in one open."""
-        lines = []
-        for record, value in records:
-            record["type"] = str(value.typename)
-            record["value_base64"] = base64.b64encode(bytes(value.value)).decode("ascii")
-            lines.append(json.dumps(record) + "\n")
-        self.dead_letters += len(lines)
-        path = Path(self.settings.dead_letter_path)
-        if not self._dead_letter_folder_made:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dead_letter_folder_made = True
-        with path.open("a", encoding="utf-8") as out:
-            out.write("".join(lines))
+        seqs = self.dead_letter_file.append(records)
+        self.dead_letters += len(seqs)
+        return seqs
 
     @property
     def failed(self) -> bool:
@@ -451,16 +516,18 @@ class Job:
             return
         storage = CheckpointStorage(settings.checkpoint_dir, settings.checkpoints_retained)
         storage.prepare()
+        self.quarantine = Quarantine(
+            storage.root / "quarantine.json", settings.quarantine_after_failures
+        )
         savepoints = Path(settings.savepoint_dir) if settings.savepoint_dir else None
         self.checkpoints = CheckpointCoordinator(
             self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
         )
         self._hold_replies = settings.reply_release == "on-checkpoint"
-        start = read_checkpoint(self.restore_from) if self.restore_from else storage.latest()
-        if start is not None:
-            restore(self, start, self.allow_dropping_state)
-        else:
-            log.info("no checkpoint in %s: starting empty", storage.root)
+        if self.restore_from:
+            restore(self, read_checkpoint(self.restore_from), self.allow_dropping_state)
+        else:  # the newest intact checkpoint, skipping damaged ones
+            restore_latest(self, storage, self.allow_dropping_state)
 
     async def _start(self) -> None:
         # A checkpoint writer thread that gives the GIL back waits for it up to the switch
@@ -603,4 +670,6 @@ class Job:
         if self.admin is not None:
             await self.admin.close()
         self.state.close()
+        self.dead_letter_file.sync()
+        self.dead_letter_file.limiter.flush()
         log.info("job stopped: %d message(s) still in flight", self.pending)

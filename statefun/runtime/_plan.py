@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from statefun._exceptions import ConfigurationError
+from statefun._http.defences import ServerOptions, server_tls_context
 from statefun._keygroups import key_group_range
 from statefun._settings import Settings
 from statefun.checkpoint.storage import storage_path
@@ -42,7 +44,7 @@ __all__ = ["Plan", "build_job", "make_plan"]
 @dataclass
 class Node:
     id: str
-    label: str
+    label: str  # lines joined with "\n": one line each in text, a multi-line box in DOT
     kind: str  # source | operator | dispatcher | sink
 
 
@@ -56,7 +58,7 @@ class Plan:
         """One line: the stages and their sizes."""
         count = {kind: sum(1 for n in self.nodes if n.kind == kind) for kind in ("source", "sink")}
         dispatchers = sum(1 for n in self.nodes if n.kind == "dispatcher")
-        keyby = next(n.label for n in self.nodes if n.id == "keyby").replace("\\n", ", ")
+        keyby = next(n.label for n in self.nodes if n.id == "keyby").replace("\n", ", ")
         return (
             f"{count['source']} ingress(es) -> router -> {keyby} -> {dispatchers} dispatcher "
             f"subtask(s) (+ feedback, timers) -> {count['sink']} egress(es)"
@@ -64,7 +66,9 @@ class Plan:
 
     def to_text(self) -> str:
         lines = ["job plan", "  nodes:"]
-        lines += [f"    {n.id:<16} {n.kind:<11} {n.label}" for n in self.nodes]
+        lines += [
+            f"    {n.id:<16} {n.kind:<11} {n.label.replace(chr(10), ', ')}" for n in self.nodes
+        ]
         lines.append("  edges:")
         lines += [
             f"    {a} -> {b}" + (f"  [{label}]" if label else "") for a, b, label in self.edges
@@ -88,12 +92,12 @@ class Plan:
 
 def _ingress_label(spec: object) -> str:
     if isinstance(spec, HttpIngressSpec):
-        return f"http ingress {spec.id}\\n{spec.host}:{spec.port}"
+        return f"http ingress {spec.id}\n{spec.host}:{spec.port}"
     if isinstance(spec, FileIngressSpec):
-        return f"file ingress {spec.id}\\n{spec.path}"
+        return f"file ingress {spec.id}\n{spec.path}"
     if isinstance(spec, KafkaIngressSpec):
         topics = ", ".join(t.topic for t in spec.topics)
-        return f"kafka ingress {spec.id}\\n{topics}"
+        return f"kafka ingress {spec.id}\n{topics}"
     return str(spec)
 
 
@@ -101,9 +105,9 @@ def _egress_label(spec: object) -> str:
     if isinstance(spec, StdoutEgressSpec):
         return f"stdout egress {spec.id}"
     if isinstance(spec, FileEgressSpec):
-        return f"file egress {spec.id}\\n{spec.path}"
+        return f"file egress {spec.id}\n{spec.path}"
     if isinstance(spec, KafkaEgressSpec):
-        return f"kafka egress {spec.id}\\n{spec.delivery_semantic}"
+        return f"kafka egress {spec.id}\n{spec.delivery_semantic}"
     return str(spec)
 
 
@@ -112,9 +116,9 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
     for i, ingress in enumerate(module.ingresses):
         plan.nodes.append(Node(f"source{i}", _ingress_label(ingress), "source"))
         plan.edges.append((f"source{i}", "router", ""))
-    plan.nodes.append(Node("router", "router\\nrecord -> envelope", "operator"))
+    plan.nodes.append(Node("router", "router\nrecord -> envelope", "operator"))
     plan.nodes.append(
-        Node("keyby", f"keyBy(address)\\n{settings.max_parallelism} key groups", "operator")
+        Node("keyby", f"keyBy(address)\n{settings.max_parallelism} key groups", "operator")
     )
     plan.edges.append(("router", "keyby", ""))
     p, max_p = settings.parallelism, settings.max_parallelism
@@ -124,7 +128,7 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
         plan.nodes.append(
             Node(
                 node,
-                f"dispatcher {i}/{p}\\nkey groups {groups.start}..{groups.stop - 1}",
+                f"dispatcher {i}/{p}\nkey groups {groups.start}..{groups.stop - 1}",
                 "dispatcher",
             )
         )
@@ -133,7 +137,7 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
         plan.edges.append((node, "timers", ""))
         for j in range(len(module.egresses)):
             plan.edges.append((node, f"sink{j}", ""))
-    plan.nodes.append(Node("timers", "timer service\\ndelayed messages", "operator"))
+    plan.nodes.append(Node("timers", "timer service\ndelayed messages", "operator"))
     plan.edges.append(("timers", "keyby", "feedback"))
     for j, egress in enumerate(module.egresses):
         plan.nodes.append(Node(f"sink{j}", _egress_label(egress), "sink"))
@@ -186,7 +190,13 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     ingress.max_pending,
                     replies=job.replies,
                     wal_dir=_wal_dir(settings, ingress.id),
+                    wal_retained=settings.checkpoints_retained,
                     log_calls=settings.reply_release != "on-checkpoint",
+                    held_replies=job.held_replies,
+                    idempotency_retention_s=settings.http_idempotency_retention_s,
+                    idempotency_max_keys=settings.http_idempotency_max_keys,
+                    idempotency_max_reply_bytes=settings.http_idempotency_max_reply_bytes,
+                    server_options=_ingress_server_options(settings, ingress),
                 )
             )
         elif isinstance(ingress, FileIngressSpec):
@@ -195,3 +205,15 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
             sources.append(KafkaSource.from_spec(ingress))
     job.sources = sources
     return job
+
+
+def _ingress_server_options(settings: Settings, ingress: HttpIngressSpec) -> ServerOptions:
+    """The ``http_*`` settings with the ingress's own Host allow-list, token and TLS."""
+    where = f"{ingress.source}: spec.tls"
+    try:
+        tls = None if ingress.tls is None else server_tls_context(*ingress.tls, where=where)
+    except ValueError as exc:  # the files changed since the module was loaded
+        raise ConfigurationError(str(exc)) from None
+    return ServerOptions.from_settings(
+        settings, allowed_hosts=ingress.allowed_hosts, token=ingress.token, tls=tls
+    )

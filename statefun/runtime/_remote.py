@@ -5,6 +5,12 @@ HTTP client of the runtime (``_http.HttpPool``): connect and read timeouts per a
 call timeout over all attempts, retries with exponential backoff and jitter until the call
 timeout, then a RetryableFunctionError (or a TerminalFunctionError at once when retrying
 cannot help: a 4xx other than 408/429, an oversized response, a URL that cannot be called).
+A 404 or 410 (or an answer whose text says so, as SDKs word it) says the endpoint
+has no such function: a FunctionNotFoundError, which sends the
+batch to the dead letters whatever the failure policy (a message to a type no one serves is
+the sender's problem, not the job's); so does a failure this SDK's server reports as an
+``InvalidValueError`` (a message's value does not decode as its own type): a
+MessageValueError.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +28,9 @@ from typing import Any, NamedTuple
 from google.protobuf.message import DecodeError
 
 from statefun._exceptions import (
+    FunctionNotFoundError,
     MalformedResponseError,
+    MessageValueError,
     RetryableFunctionError,
     TerminalFunctionError,
 )
@@ -40,6 +49,14 @@ from statefun.sdk._wire import (
 __all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
 
 log = logging.getLogger(__name__)
+
+#: what a function server that passes its error text on says for a type it does not have
+#: (this SDK, and StateFun's Python SDK): "function does not exist", whatever the status
+#: what this SDK's server says when a message's value does not decode as its own type
+_INVALID_VALUE = re.compile(r"\bInvalidValueError: ")
+_NO_SUCH_FUNCTION = re.compile(
+    r"no function is registered for type|unable to find a function of type", re.IGNORECASE
+)
 
 
 def encode_to_function(
@@ -180,7 +197,9 @@ class RemoteClient:
             return plan
         try:
             context = tls_context(transport) if url.lower().startswith("https") else None
-            target = parse_target(url, context, transport.pool_ttl.total_seconds())
+            target = parse_target(
+                url, context, transport.pool_ttl.total_seconds(), transport.headers
+            )
         except (ValueError, OSError, ssl.SSLError) as exc:
             raise TerminalFunctionError(f"function {typename}: {exc}") from None
         plan = self._plans[(url, id(transport))] = _Plan(
@@ -236,6 +255,11 @@ class RemoteClient:
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()
                 problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
+                if response.status in (404, 410) or _NO_SUCH_FUNCTION.search(reason):
+                    # no such function there: the sender's problem, not the job's
+                    raise FunctionNotFoundError(f"function {typename}: {problem}")
+                if _INVALID_VALUE.search(reason):  # a message's value fails its own type
+                    raise MessageValueError(f"function {typename}: {problem}")
                 if 400 <= response.status < 500 and response.status not in (408, 429):
                     raise TerminalFunctionError(f"function {typename}: {problem}")
             except ResponseTooLarge as exc:

@@ -33,6 +33,8 @@ from typing import Any
 
 import msgpack
 
+from statefun._checksums import FileSum, HashingWriter
+from statefun._exceptions import CheckpointDamagedError
 from statefun._files import synced_file
 
 __all__ = ["Chain", "Identity", "file_identity", "read_delta", "write_delta"]
@@ -50,19 +52,20 @@ def file_identity(path: Path) -> Identity:
     return st.st_dev, st.st_ino, st.st_size
 
 
-def write_delta(path: Path, changes: Mapping[bytes, bytes | None]) -> int:
-    """Write ``changes`` (raw key -> raw value, None: deleted) to ``path``, fsynced; its size."""
+def write_delta(path: Path, changes: Mapping[bytes, bytes | None]) -> FileSum:
+    """Write ``changes`` (raw key -> raw value, None: deleted) to ``path``, fsynced; its size
+    and checksum (computed as it is written)."""
     packer = msgpack.Packer(use_bin_type=True)
     left = len(changes)
     pairs = iter(changes.items())
-    with synced_file(path) as out:
+    with synced_file(path) as file:
+        out = HashingWriter(file)
         out.write(packer.pack({"format": FORMAT, "entries": left, "chunks": -(-left // CHUNK)}))
         while left:
             count = min(left, CHUNK)
             out.write(packer.pack([x for pair in itertools.islice(pairs, count) for x in pair]))
             left -= count
-        size = out.tell()
-    return size
+    return out.sum
 
 
 def read_delta(
@@ -70,23 +73,28 @@ def read_delta(
 ) -> Iterator[tuple[bytes, bytes | None]]:
     """The (raw key, raw value or None) pairs of a delta, those whose key starts with one of
     ``prefixes`` (two-byte key-group prefixes; None: all)."""
-    with path.open("rb") as data:
-        unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
-        header = next(unpacker, None)
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a delta file of format {FORMAT}")
-        seen = 0
-        for _ in range(int(header["chunks"])):
-            flat = next(unpacker, None)
-            if not isinstance(flat, list):
-                break
-            seen += len(flat) // 2
-            for i in range(0, len(flat), 2):
-                key = flat[i]
-                if prefixes is None or key[:2] in prefixes:
-                    yield key, flat[i + 1]
-        if seen != header["entries"]:
-            raise ValueError(f"{path}: truncated delta ({seen} of {header['entries']} entries)")
+    try:
+        with path.open("rb") as data:
+            unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
+            header = next(unpacker, None)
+            if not isinstance(header, dict) or header.get("format") != FORMAT:
+                raise ValueError(f"not a delta file of format {FORMAT}")
+            seen = 0
+            for _ in range(int(header["chunks"])):
+                flat = next(unpacker, None)
+                if not isinstance(flat, list):
+                    break
+                seen += len(flat) // 2
+                for i in range(0, len(flat), 2):
+                    key = flat[i]
+                    if prefixes is None or key[:2] in prefixes:
+                        yield key, flat[i + 1]
+            if seen != header["entries"]:
+                raise ValueError(f"truncated delta ({seen} of {header['entries']} entries)")
+    except FileNotFoundError:
+        raise CheckpointDamagedError(str(path), "missing") from None
+    except Exception as exc:  # whatever the bytes make msgpack raise
+        raise CheckpointDamagedError(str(path), f"does not decode: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,9 @@ class Chain:
     deltas: tuple[dict[str, Any], ...] = ()
     #: file name -> the identity of that file in the checkpoint folders (hard links share it)
     identities: Mapping[str, Identity] = field(default_factory=dict)
+    #: file name -> (size, crc32c) it was written with: carried into each checkpoint that
+    #: links the file, so that every checkpoint lists the checksums of all its files
+    checksums: Mapping[str, FileSum] = field(default_factory=dict)
 
     @property
     def delta_bytes(self) -> int:
@@ -112,11 +123,12 @@ class Chain:
     def next_delta_name(self) -> str:
         return f"delta-{self.token}-{len(self.deltas) + 1:06d}.msgpack"
 
-    def with_delta(self, name: str, size: int, entries: int, identity: Identity) -> Chain:
+    def with_delta(self, name: str, checksum: FileSum, entries: int, identity: Identity) -> Chain:
         return replace(
             self,
-            deltas=(*self.deltas, {"name": name, "size": size, "entries": entries}),
+            deltas=(*self.deltas, {"name": name, "size": checksum[0], "entries": entries}),
             identities={**self.identities, name: identity},
+            checksums={**self.checksums, name: checksum},
         )
 
     def link(self, previous: Path, directory: Path) -> bool:

@@ -45,7 +45,10 @@ class StateSnapshot(abc.ABC):
         """Write the snapshot under ``directory`` (blocking; run it in a worker thread).
 
         Returns the manifest that ``StateBackend.restore`` takes back: plain data (str, int,
-        bool, lists, str-keyed dicts), with ``backend`` naming the format.
+        bool, lists, str-keyed dicts), with ``backend`` naming the format and ``checksums``
+        listing every file under ``directory`` (linked ones included) as ``name -> [size,
+        crc32c]``, computed while writing (``statefun._checksums``); the checkpoint moves
+        them into its metadata.
         """
 
     @abc.abstractmethod
@@ -88,6 +91,14 @@ class StateBackend(abc.ABC):
         Meant for a backend that is empty or holds other key groups than the snapshot's.
         Any backend reads the format of any other (``manifest["backend"]``).
         """
+
+    def clear(self) -> None:
+        """Drop every key group's state: undoes a ``restore`` that failed half-way (a damaged
+        checkpoint), before an older checkpoint is restored instead. Slow here (every address
+        is deleted); backends override it."""
+        for key_group in self.key_groups():
+            for key, _values in self.items(key_group):
+                self.put(key_group, key, {})
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -20,6 +21,8 @@ from typing import Any
 
 import msgpack
 
+from statefun._checksums import HashingWriter
+from statefun._exceptions import CheckpointDamagedError
 from statefun._files import fsync_dir, synced_file
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
@@ -67,6 +70,11 @@ class MemoryStateBackend(StateBackend):
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)
+
+    def clear(self) -> None:
+        # Live snapshots keep their own references to the groups they hold.
+        self._groups = {}
+        self._shared = set()
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -149,7 +157,8 @@ class MemoryStateSnapshot(StateSnapshot):
         written: list[int] = []
         groups = self._groups
         since_yield = 0
-        with synced_file(directory / STATE_FILE) as out:
+        with synced_file(directory / STATE_FILE) as file:
+            out = HashingWriter(file)  # the checksum, computed as the bytes are written
             for key_group in sorted(groups):
                 group = groups[key_group]
                 if not group:
@@ -178,6 +187,7 @@ class MemoryStateSnapshot(StateSnapshot):
             "key_groups": written,
             "entries": total_entries,
             "bytes": total_bytes,
+            "checksums": {STATE_FILE: list(out.sum)},
         }
 
     def release(self) -> None:
@@ -197,13 +207,35 @@ def read_memory_snapshot(
             f"{manifest.get('backend')!r} format {manifest.get('format')!r}"
         )
     wanted = None if key_groups is None else set(key_groups)
-    with (directory / STATE_FILE).open("rb") as data:
-        unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
-        for header in unpacker:
-            key_group = int(header["key_group"])  # the stored key group is the truth
-            keep = wanted is None or key_group in wanted
-            for _ in range(int(header["chunks"])):
-                chunk = next(unpacker)
-                if keep:
-                    for typename, id_, wire in chunk:
-                        yield key_group, (typename, id_), values_from_wire(wire)
+    path = directory / STATE_FILE
+    try:
+        with path.open("rb") as data:
+            size = os.fstat(data.fileno()).st_size
+            if manifest.get("bytes") is not None and size != manifest["bytes"]:
+                raise CheckpointDamagedError(
+                    str(path), f"{size} bytes, {manifest['bytes']} expected (truncated or changed)"
+                )
+            unpacker = msgpack.Unpacker(data, raw=False, max_buffer_size=0)
+            entries = 0
+            # Iterating an Unpacker stops quietly at a record cut short: the counts tell.
+            for header in unpacker:
+                key_group = int(header["key_group"])  # the stored key group is the truth
+                keep = wanted is None or key_group in wanted
+                for _ in range(int(header["chunks"])):
+                    chunk = next(unpacker, None)
+                    if chunk is None:
+                        raise ValueError(f"key group {key_group}: ends before its last chunk")
+                    entries += len(chunk)
+                    if keep:
+                        for typename, id_, wire in chunk:
+                            yield key_group, (typename, id_), values_from_wire(wire)
+            if unpacker.tell() != size:
+                raise ValueError(f"a record cut short at byte {unpacker.tell()} of {size}")
+            if manifest.get("entries") is not None and entries != manifest["entries"]:
+                raise ValueError(f"{entries} addresses, {manifest['entries']} expected")
+    except CheckpointDamagedError:
+        raise
+    except FileNotFoundError:
+        raise CheckpointDamagedError(str(path), "missing") from None
+    except Exception as exc:  # whatever the bytes make msgpack or the decoding raise
+        raise CheckpointDamagedError(str(path), f"does not decode: {exc!r}") from exc

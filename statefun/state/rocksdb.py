@@ -59,6 +59,7 @@ next snapshot's ``write()`` applies it and puts its entries in that delta, so no
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -73,6 +74,7 @@ from typing import Any, cast
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from statefun._checksums import FileSum, HashingWriter, file_sum
 from statefun._files import fsync_dir, synced_file
 from statefun.state._changelog import Chain, Identity, file_identity, read_delta, write_delta
 from statefun.state._codec import (
@@ -128,10 +130,13 @@ def _write_options() -> WriteOptions:
     return options
 
 
-def _copy_file(source: Path, target: Path, sync: bool = True) -> None:
-    """Copy ``source`` to ``target``, fsynced with ``sync`` (checkpoints; not working copies)."""
+def _copy_file(source: Path, target: Path, sync: bool = True) -> FileSum:
+    """Copy ``source`` to ``target``, fsynced with ``sync`` (checkpoints; not working copies);
+    the size and checksum of what was copied (computed while copying)."""
     with source.open("rb") as src, synced_file(target) if sync else target.open("wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+        out = HashingWriter(dst)
+        shutil.copyfileobj(src, out, 1 << 20)
+    return out.sum
 
 
 def _link_or_copy(source: Path, target: Path, sync: bool = True) -> bool:
@@ -446,7 +451,7 @@ class RocksDBStateBackend(StateBackend):
                 assert chain is not None
                 manifest, chain = self._write_delta(chain, mine, directory)
             else:
-                manifest, chain = self._materialize(mine, directory, previous, reason)
+                manifest, chain = self._materialize(mine, directory, previous, reason, chain)
             self._chain = chain
             return manifest
 
@@ -486,29 +491,37 @@ class RocksDBStateBackend(StateBackend):
         copied = 0
         if changes:  # nothing changed: the chain as it was
             name = chain.next_delta_name()
-            copied = write_delta(directory / name, changes)
-            chain = chain.with_delta(name, copied, len(changes), file_identity(directory / name))
+            checksum = write_delta(directory / name, changes)
+            copied = checksum[0]
+            chain = chain.with_delta(name, checksum, len(changes), file_identity(directory / name))
         fsync_dir(directory)
         files = [{**f, "reused": True} for f in chain.base]
         return self._manifest(chain, None, files, [1 if changes else 0, copied]), chain
 
     def _materialize(
-        self, mine: Sequence[_Frozen], directory: Path, previous: Path | None, reason: str
+        self,
+        mine: Sequence[_Frozen],
+        directory: Path,
+        previous: Path | None,
+        reason: str,
+        old: Chain | None,
     ) -> tuple[dict[str, Any], Chain]:
-        """Apply the frozen buffers ``mine``, checkpoint RocksDB, copy it into ``directory``."""
+        """Apply the frozen buffers ``mine``, checkpoint RocksDB, copy it into ``directory``
+        (``old``: the chain ``previous`` holds, whose checksums its linked SSTs keep)."""
         self._write_frozen(mine)
         self._staging.mkdir(parents=True, exist_ok=True)
         staging = self._staging / f"chk-{uuid.uuid4().hex}"
         Checkpoint(self._db).create_checkpoint(str(staging))
         self._unfreeze(len(mine))
         try:
-            files, identities = _upload(staging, directory, previous)
+            files, identities, checksums = _upload(staging, directory, previous, old)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         chain = Chain(
             token=uuid.uuid4().hex[:16],
             base=tuple({"name": f["name"], "size": f["size"]} for f in files),
             identities=identities,
+            checksums=checksums,
         )
         new = [f for f in files if not f["reused"]]
         return self._manifest(chain, reason, files, [len(new), sum(f["size"] for f in new)]), chain
@@ -535,6 +548,8 @@ class RocksDBStateBackend(StateBackend):
             "copied_bytes": copied[1],
             "reused_files": len(files) + len(chain.deltas) - copied[0],
             "reused_bytes": total_bytes - copied[1],
+            # every file of the chain, linked ones too: [size, crc32c]
+            "checksums": {name: list(chain.checksums[name]) for name in chain.names()},
         }
 
     def _write_frozen(self, frozen: Sequence[_Frozen]) -> None:
@@ -596,6 +611,20 @@ class RocksDBStateBackend(StateBackend):
         _write_raw(self._db, encoded(), self._write_options)
         return f"loaded {count} address(es)"
 
+    def clear(self) -> None:
+        """An empty database in place of this one (the buffers are dropped, unwritten)."""
+        with self._write_lock:
+            with self._frozen_lock:
+                self._frozen = ()
+            self._pending = {}
+            self._puts = 0
+            self._moved = set()
+            self._chain, self._unchained = None, "restored"
+            with contextlib.suppress(Exception):  # closed already by a failed restore
+                self._db.close()
+            shutil.rmtree(self._db_path, ignore_errors=True)
+            self._db = Rdict(str(self._db_path), _options())
+
     def _is_empty(self) -> bool:
         iterator = self._db.iter()
         iterator.seek_to_first()
@@ -624,14 +653,17 @@ class RocksDBStateBackend(StateBackend):
 
 
 def _upload(
-    staging: Path, directory: Path, previous: Path | None
-) -> tuple[list[dict[str, Any]], dict[str, Identity]]:
+    staging: Path, directory: Path, previous: Path | None, known: Chain | None
+) -> tuple[list[dict[str, Any]], dict[str, Identity], dict[str, FileSum]]:
     """Copy a RocksDB checkpoint into ``directory``, hard-linking the SSTs ``previous`` holds.
 
-    Returns each file's manifest entry and its identity in ``directory``.
+    Returns each file's manifest entry, its identity in ``directory`` and its checksum:
+    computed while copying, or for a linked SST the one ``known`` (the chain in ``previous``)
+    wrote it with - read back only if ``previous`` holds another file than ``known`` says.
     """
     files: list[dict[str, Any]] = []
     identities: dict[str, Identity] = {}
+    checksums: dict[str, FileSum] = {}
     for name in sorted(os.listdir(staging)):
         source = staging / name
         size = source.stat().st_size
@@ -646,11 +678,17 @@ def _upload(
             except OSError:
                 pass
         if not shared:
-            _copy_file(source, target)
-        files.append({"name": name, "size": size, "reused": shared})
+            checksums[name] = _copy_file(source, target)
         identities[name] = file_identity(target)
+        if shared:
+            same = known is not None and known.identities.get(name) == identities[name]
+            if known is not None and same and name in known.checksums:
+                checksums[name] = known.checksums[name]
+            else:  # linked from a file this chain did not write: read it back
+                checksums[name] = file_sum(target)
+        files.append({"name": name, "size": size, "reused": shared})
     fsync_dir(directory)
-    return files, identities
+    return files, identities, checksums
 
 
 class RocksDBStateSnapshot(StateSnapshot):

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from statefun._testing.kafka_broker import KafkaBroker
+from statefun._kafka_local.broker import KafkaBroker
 from tests._support import endpoint_yaml, serve_functions
 
 with warnings.catch_warnings():

@@ -41,6 +41,7 @@ def test_shopping_cart_runs_to_completion() -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "SHOP_CART_TIMEOUT_SECONDS": "2"},
     )
     assert done.returncode == 0, done.stderr
     receipts = [json.loads(line)["value"] for line in done.stdout.splitlines()]

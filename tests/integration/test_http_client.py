@@ -227,6 +227,19 @@ def test_parse_target_http_and_https() -> None:
     )
 
 
+def test_parse_target_with_headers() -> None:
+    headers = (("Authorization", "Bearer s3cr3t"), ("X-Tenant", "7"))
+    target = parse_target("http://example.com/f", headers=headers)
+    assert target.head == (
+        b"POST /f HTTP/1.1\r\nHost: example.com\r\n"
+        b"Content-Type: application/octet-stream\r\nUser-Agent: pystatefun\r\n"
+        b"Authorization: Bearer s3cr3t\r\nX-Tenant: 7\r\nContent-Length: "
+    )
+    assert "s3cr3t" not in repr(target)
+    with pytest.raises(ValueError, match="line break"):
+        parse_target("http://example.com/f", headers=(("X-A", "a\r\nX-B: b"),))
+
+
 def test_parse_target_unix_socket() -> None:
     target = parse_target("http+unix:///run/fns/functions.sock/statefun/{x}?a=b")
     assert target.origin == ("http+unix", "", "/run/fns/functions.sock")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from statefun import Context, IntType, Message, StatefulFunctions, ValueSpec, message_builder
+from statefun._http.defences import ServerOptions
 from statefun.sdk import start_server
 from statefun.sdk._serve import RunningServer
 from tests.integration.test_serve import as_reply, decode, port_accepts, typed
@@ -77,7 +78,9 @@ def post(
     version: str = "1.1",
     headers: str = "Content-Type: application/octet-stream\r\n",
 ) -> bytes:
-    head = f"POST {path} HTTP/{version}\r\nHost: test\r\n{headers}Content-Length: {len(body)}\r\n"
+    head = (
+        f"POST {path} HTTP/{version}\r\nHost: localhost\r\n{headers}Content-Length: {len(body)}\r\n"
+    )
     return head.encode() + b"\r\n" + body
 
 
@@ -164,13 +167,16 @@ async def server() -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 async def quick_server() -> AsyncIterator[RunningServer]:
-    """A server that closes idle and stalled connections after ``KEEPALIVE`` seconds."""
+    """A server that closes idle and stalled connections after ``KEEPALIVE`` seconds (a
+    request head or body that is not complete then: 408)."""
     running = await start_server(
         make_functions(),
         port=0,
         max_body_bytes=MAX_BODY,
         shutdown_timeout=5,
-        keepalive_timeout=KEEPALIVE,
+        options=ServerOptions(
+            keepalive_timeout=KEEPALIVE, head_timeout=KEEPALIVE, body_timeout=KEEPALIVE
+        ),
     )
     async with running:
         yield running
@@ -230,7 +236,7 @@ async def test_request_split_into_tiny_writes(server: RunningServer) -> None:
 async def test_chunked_request_body(server: RunningServer) -> None:
     body = count_call(4, 6)
     head = (
-        b"POST /statefun HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
+        b"POST /statefun HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
         b"Content-Type: application/octet-stream\r\n\r\n"
     )
     pieces = [body[:5], body[5:6], body[6:]]
@@ -263,7 +269,7 @@ async def test_expect_100_continue_refused(server: RunningServer) -> None:
     whether the client sends the body anyway, so it closes the connection."""
     async with await connect(server) as connection:
         await connection.send(
-            b"POST /statefun HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\n"
+            b"POST /statefun HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
             b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1)
         )
         reply = await read_reply(connection.reader)
@@ -458,7 +464,7 @@ async def test_wrong_content_type_is_415(server: RunningServer) -> None:
 
 async def test_get_on_the_function_path_is_405(server: RunningServer) -> None:
     async with await connect(server) as connection:
-        reply = await connection.ask(b"GET /statefun HTTP/1.1\r\nHost: test\r\n\r\n")
+        reply = await connection.ask(b"GET /statefun HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert reply.status == 405
     assert reply.headers["allow"] == "POST"
 
@@ -468,10 +474,10 @@ async def test_get_on_the_function_path_is_405(server: RunningServer) -> None:
 
 async def test_health(server: RunningServer) -> None:
     async with await connect(server) as connection:
-        got = await connection.ask(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
-        await connection.send(b"HEAD /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        got = await connection.ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await connection.send(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         head = await read_reply(connection.reader, head_only=True)
-        after = await connection.ask(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        after = await connection.ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert got.status == 200
     assert got.headers["content-type"] == "application/json"
     assert json.loads(got.body) == {"status": "ok", "functions": ["test/count", "test/wait"]}
@@ -524,9 +530,57 @@ async def test_request_stalled_half_way_is_closed(
         async with await connect(quick_server) as connection:
             await connection.send(post(body)[: -len(body)])  # the head, no body
             start = time.monotonic()
+            timed_out = await read_reply(connection.reader)
+            assert (timed_out.status, timed_out.reason) == (408, "Request Timeout")
+            assert timed_out.closes
             await assert_closed_by_server(connection.reader)
             assert time.monotonic() - start >= KEEPALIVE - SLACK
     assert any("request incomplete" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_trickled_request_head_does_not_extend_its_deadline(
+    quick_server: RunningServer,
+) -> None:
+    """One byte of the head at a time, each well within the timeout: the head must still be
+    complete ``head_timeout`` after it started (a byte used to reset the clock)."""
+    request = post(count_call(1, 1))
+    async with await connect(quick_server) as connection:
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            for byte in request[:40]:
+                await connection.send(bytes([byte]))
+                await asyncio.sleep(KEEPALIVE / 10)
+        timed_out = await read_reply(connection.reader)
+        assert (timed_out.status, timed_out.reason) == (408, "Request Timeout")
+        assert b"request head not complete" in timed_out.body
+        assert KEEPALIVE - SLACK <= time.monotonic() - start < DEADLINE
+        await assert_closed_by_server(connection.reader)
+
+
+async def test_a_body_slower_than_the_minimum_rate_is_cut_off() -> None:
+    options = ServerOptions(body_timeout=0.3, min_body_rate=100)
+    running = await start_server(make_functions(), port=0, shutdown_timeout=5, options=options)
+    async with running, await connect(running) as connection:
+        body = count_call(1, 1) + b"\0" * 1000  # the length is what counts here
+        await connection.send(post(body)[: -len(body)])
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            for offset in range(0, 60, 10):  # 10 bytes each 0.1 s: 100 B/s would be needed
+                await connection.send(body[offset : offset + 5])
+                await asyncio.sleep(0.1)
+        timed_out = await read_reply(connection.reader)
+        assert timed_out.status == 408 and b"request incomplete" in timed_out.body
+        assert time.monotonic() - start < DEADLINE
+    # a body at the rate passes: the grace period plus one second per 100 bytes
+    running = await start_server(make_functions(), port=0, shutdown_timeout=5, options=options)
+    async with running, await connect(running) as connection:
+        body = count_call(1, 1)
+        request = post(body)
+        await connection.send(request[: -len(body)])
+        for offset in range(0, len(body), 20):
+            await connection.send(body[offset : offset + 20])
+            await asyncio.sleep(0.1)  # 200 B/s
+        assert (await read_reply(connection.reader)).status == 200
 
 
 async def test_close_closes_idle_connections_at_once() -> None:
@@ -558,7 +612,7 @@ async def test_reply_during_shutdown_closes_the_connection() -> None:
 # -- bounds --------------------------------------------------------------------------------
 
 
-async def test_connections_past_the_limit_are_closed() -> None:
+async def test_connections_past_the_limit_get_503_and_are_closed() -> None:
     from statefun._http.server import HttpServer, Reply
 
     class Fixed:
@@ -578,18 +632,96 @@ async def test_connections_past_the_limit_are_closed() -> None:
     streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
     try:
         for index, (reader, writer) in enumerate(streams):
-            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             data = await asyncio.wait_for(reader.read(1000), DEADLINE)
             if index < 2:
                 assert data.startswith(b"HTTP/1.1 200 OK")
-            else:
-                assert data == b""  # closed without a word
+            else:  # refused at once: the first two wait for a head for less than a moment
+                assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), data
+                assert b"\r\nRetry-After: 1\r\n" in data
+                assert b"\r\nConnection: close\r\n" in data
+                assert await asyncio.wait_for(reader.read(), DEADLINE) == b""
         assert server.refused == 1
     finally:
         for _, writer in streams:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+        await server.close(1.0)
+
+
+class _Fixed:
+    max_body_bytes = 1024
+
+    def check(self, request: object) -> None:
+        return None
+
+    def handle(self, request: object, body: bytes) -> Reply:
+        from statefun._http.server import Reply as ServerReply
+
+        return ServerReply(200, "text/plain", b"ok")  # type: ignore[return-value]
+
+    def too_large(self, length: int | None) -> Reply:
+        raise AssertionError("no body is that large here")
+
+
+async def open_from(port: int, source: str) -> Connection:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), DEADLINE
+    )
+    return Connection(reader, writer)
+
+
+GET = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+async def test_at_the_per_client_cap_the_longest_waiting_connection_makes_room() -> None:
+    from statefun._http.server import HttpServer
+
+    server = HttpServer(
+        _Fixed(), options=ServerOptions(max_connections_per_client=2, head_timeout=2.0)
+    )
+    port = await server.start("127.0.0.1", 0)
+    try:
+        first = await open_from(port, "127.0.0.1")
+        assert (await first.ask(GET)).status == 200
+        second = await open_from(port, "127.0.0.1")
+        too_soon = await open_from(port, "127.0.0.1")  # the others waited less than 1 s
+        refused = await read_reply(too_soon.reader)
+        assert (refused.status, refused.headers["retry-after"]) == (503, "1") and refused.closes
+        await asyncio.sleep(1.1)
+        third = await open_from(port, "127.0.0.1")
+        assert (await third.ask(GET)).status == 200
+        # the one that waited longest got the 503; the other one still works
+        evicted = await read_reply(first.reader)
+        assert evicted.status == 503 and evicted.closes
+        assert (await second.ask(GET)).status == 200
+        assert server.evicted == 1 and server.refused == 1
+        for connection in (first, second, too_soon, third):
+            await connection.__aexit__()
+    finally:
+        await server.close(1.0)
+
+
+async def test_at_the_cap_in_all_the_busiest_client_makes_room() -> None:
+    from statefun._http.server import HttpServer
+
+    server = HttpServer(_Fixed(), options=ServerOptions(max_connections=4))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        crowd = [await open_from(port, "127.0.0.1") for _ in range(4)]
+        await asyncio.sleep(0.05)
+        # another address gets in at once: the busiest client's longest-waiting one goes
+        other = await open_from(port, "127.0.0.2")
+        assert (await other.ask(GET)).status == 200
+        assert (await read_reply(crowd[0].reader)).status == 503
+        # the busiest client itself, with nothing that waited long: refused
+        again = await open_from(port, "127.0.0.1")
+        assert (await read_reply(again.reader)).status == 503
+        assert (await crowd[1].ask(GET)).status == 200
+        for connection in (*crowd, other, again):
+            await connection.__aexit__()
+    finally:
         await server.close(1.0)
 
 

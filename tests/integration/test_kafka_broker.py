@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from statefun._testing.kafka_broker import KafkaBroker, _probe_metadata
+from statefun._kafka_local.broker import KafkaBroker, _probe_metadata
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text/open_text,

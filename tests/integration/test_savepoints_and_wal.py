@@ -291,3 +291,26 @@ async def test_calls_outside_the_wal_take_effect_once_a_reply_is_sent(tmp_path: 
         assert r.status == 200 and await r.text() == "11"
     job.stop()
     await running
+
+
+def test_savepoint_cli_list_searches_subfolders_and_says_when_none(tmp_path: Path) -> None:
+    """`statefun savepoint list .statefun` finds what is in .statefun/checkpoints and
+    .statefun/savepoints; a folder without any says so."""
+    write_input(tmp_path / "in.jsonl", ids=4, per_id=600)
+    savepoint = asyncio.run(take_savepoint_midway(tmp_path))
+    statefun = [sys.executable, "-m", "statefun"]
+    listing = subprocess.run(
+        [*statefun, "savepoint", "list", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert re.search(r"savepoint\s+\d+\s+\S+ \S+\s+" + re.escape(str(savepoint)), listing)
+    assert re.search(r"checkpoint\s+\d+\s+\S+ \S+\s+" + re.escape(str(tmp_path)), listing)
+    assert savepoint.parent != tmp_path
+    empty = tmp_path / "nothing-here"
+    (empty / "sub").mkdir(parents=True)
+    done = subprocess.run(
+        [*statefun, "savepoint", "list", str(empty)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == f"no savepoints or checkpoints in {empty} or its subfolders\n"

@@ -40,7 +40,7 @@ from bench._jvm_processes import (
     start_statefun_jvm,
 )
 from examples.greeter.functions import GREETINGS_TOPIC, greeting
-from statefun._testing.kafka_broker import KafkaBroker
+from statefun._kafka_local.broker import KafkaBroker
 
 _missing = missing_jvm_tools()
 

@@ -34,6 +34,7 @@ class Context(EmitMany):
         self.got: list[tuple[str, str, bytes]] = []
         self.waiting = asyncio.Event()  # the source waits in room()
         self.more = asyncio.Event()
+        self.dead: list[dict[str, Any]] = []
 
     def has_room(self) -> bool:
         return len(self.got) < self.limit
@@ -53,6 +54,9 @@ class Context(EmitMany):
 
     def is_function_type(self, typename: str) -> bool:
         return typename.startswith("test/")
+
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
+        self.dead.append(fields)
 
 
 def record(topic: str, partition: int, offset: int, key: Any, value: Any) -> Any:

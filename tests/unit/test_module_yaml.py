@@ -790,3 +790,32 @@ def test_file_egress_delivery_semantic() -> None:
     assert module.egresses[0].exactly_once is False
     with pytest.raises(ModuleError, match=r"spec.deliverySemantic: expected one of exactly-once"):
         load_module_text(base + "  deliverySemantic: sometimes\n")
+
+
+def test_delivery_semantic_as_a_string_or_a_mapping_for_both_egresses() -> None:
+    from statefun.module import load_module_text
+
+    kafka = "kind: io.statefun.kafka.v1/egress\nspec:\n  id: a/out\n  address: k:9092\n"
+    (egress,) = load_module_text(kafka + "  deliverySemantic: exactly-once\n").egresses
+    assert isinstance(egress, KafkaEgressSpec)
+    assert egress.delivery_semantic == "exactly-once"
+    assert egress.transaction_timeout == timedelta(minutes=15)
+    (egress,) = load_module_text(kafka + "  deliverySemantic: none\n").egresses
+    assert isinstance(egress, KafkaEgressSpec) and egress.delivery_semantic == "none"
+    with pytest.raises(ModuleError, match=r"spec.deliverySemantic: expected one of at-least-once"):
+        load_module_text(kafka + "  deliverySemantic: twice\n")
+
+    file = "kind: io.pystatefun.file.v1/egress\nspec:\n  id: a/b\n  path: out.jsonl\n"
+    for text, exactly_once in [
+        ("{type: exactly-once, transactionTimeout: 5min}", True),
+        ("{type: exactly-once}", True),
+        ("{type: at-least-once}", False),
+    ]:
+        (egress,) = load_module_text(file + f"  deliverySemantic: {text}\n").egresses
+        assert egress.exactly_once is exactly_once, text
+    with pytest.raises(ModuleError, match=r"spec.deliverySemantic.type: expected one of exactly"):
+        load_module_text(file + "  deliverySemantic: {type: none}\n")
+    with pytest.raises(ModuleError, match=r"spec.deliverySemantic.transactionTimeout: "):
+        load_module_text(file + "  deliverySemantic: {type: exactly-once, transactionTimeout: x}\n")
+    with pytest.raises(ModuleError, match=r"spec.deliverySemantic.typo: unknown field"):
+        load_module_text(file + "  deliverySemantic: {type: exactly-once, typo: 1}\n")

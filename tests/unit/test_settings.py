@@ -33,6 +33,9 @@ def test_environment_then_overrides() -> None:
         ({"parallelism": "8", "max_parallelism": "4"}, "must be at least parallelism"),
         ({"reply_release": "later"}, "reply_release must be one of on-checkpoint, immediate"),
         ({"remote_failure_policy": "ignore"}, "remote_failure_policy must be 'fail'"),
+        ({"http_max_connections": "0"}, "http_max_connections must be at least 1, got 0"),
+        ({"http_head_timeout_ms": "0"}, "http_head_timeout_ms must be at least 1"),
+        ({"admin_savepoint_min_interval_ms": "-1"}, "admin_savepoint_min_interval_ms must be"),
     ],
 )
 def test_bad_settings_are_named(overrides: dict[str, str], message: str) -> None:

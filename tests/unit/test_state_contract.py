@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from statefun._checksums import file_sum
 from statefun.runtime._dispatcher import ExpiringValue, _live_values
 from statefun.sdk._types import TypedValue
 from statefun.state.base import AddressKey, StateBackend
@@ -681,3 +682,66 @@ def test_memory_snapshot_is_copy_on_write(tmp_path: Path) -> None:
         kg: v.keys() for kg, v in before.items()
     }
     assert plain(restored.get(0, ("ns/fn", "id-0"))) == plain({"x": tv(b"v0")})
+
+
+# -- checksums of every file, and clear() ---------------------------------------------------------
+
+
+def assert_checksums_match(directory: Path, manifest: dict[str, Any]) -> None:
+    """The manifest lists every file of ``directory`` with its size and CRC-32C."""
+    assert set(manifest["checksums"]) == {p.name for p in directory.iterdir()}
+    for name, (size, crc) in manifest["checksums"].items():
+        assert file_sum(directory / name) == (size, crc), name
+
+
+def test_every_written_file_has_its_checksum(make: Make, tmp_path: Path) -> None:
+    backend = make()
+    fill(backend, 3_000, groups=16)
+    one = checkpoint(backend, tmp_path / "chk-1", None)
+    assert_checksums_match(tmp_path / "chk-1", one)
+    backend.put(2, ("ns/fn", "id-2"), {"x": tv(b"changed")})
+    two = checkpoint(backend, tmp_path / "chk-2", tmp_path / "chk-1")
+    assert_checksums_match(tmp_path / "chk-2", two)
+
+
+def test_rocksdb_linked_files_carry_their_checksums(tmp_path: Path) -> None:
+    """Deltas and materialized files linked from the previous checkpoint keep the checksum
+    they were written with; an SST linked from a copied folder is read back."""
+    backend = changelog_backend(tmp_path / "db", max_deltas=2)
+    try:
+        fill(backend, 3_000, groups=16)
+        manifests = []
+        for i in range(1, 6):
+            backend.put(i, ("ns/fn", f"id-{i}"), {"x": tv(b"step %d" % i)})
+            previous = None if i == 1 else tmp_path / f"chk-{i - 1}"
+            manifests.append(checkpoint(backend, tmp_path / f"chk-{i}", previous))
+            assert_checksums_match(tmp_path / f"chk-{i}", manifests[-1])
+        assert [m["materialized"] for m in manifests] == [True, False, False, True, False]
+        assert any(f["reused"] for f in manifests[3]["files"])  # SSTs shared by links
+        shutil.copytree(tmp_path / "chk-5", tmp_path / "copied")
+        fresh = rocksdb.RocksDBStateBackend(tmp_path / "db2", max_deltas=0)
+        try:
+            fresh.restore(tmp_path / "chk-5", manifests[-1])
+            other = checkpoint(fresh, tmp_path / "chk-6", tmp_path / "copied")
+            assert_checksums_match(tmp_path / "chk-6", other)
+        finally:
+            fresh.close()
+    finally:
+        backend.close()
+
+
+def test_clear_drops_everything(make: Make, tmp_path: Path) -> None:
+    backend = make()
+    fill(backend, 100, groups=8)
+    snap = backend.snapshot()  # frozen buffers go too
+    backend.put(1, ("ns/fn", "late"), {"x": tv(b"1")})
+    backend.clear()
+    snap.release()
+    assert backend.key_groups() == []
+    assert backend.get(1, ("ns/fn", "late")) is None
+    backend.put(1, ("ns/fn", "after"), {"x": tv(b"2")})
+    assert plain(backend.get(1, ("ns/fn", "after"))) == plain({"x": tv(b"2")})
+    manifest = checkpoint(backend, tmp_path / "chk", None)
+    assert restored_dump(tmp_path, "memory", tmp_path / "chk", manifest) == {
+        1: {("ns/fn", "after"): plain({"x": tv(b"2")})}
+    }
