@@ -6,7 +6,8 @@ built-in server (``statefun._http.server``) both call it, so they answer the sam
 the same way. Errors are answered with one line of plain text and never with a traceback:
 
 ====  ==========================================================================
-400   the body is not a ToFunction with an invocation batch
+400   the body is not a ToFunction with an invocation batch, or a value in it (a state, a
+      message the function reads) does not decode as its type
 404   no function is registered for the target's typename (or no such path)
 405   a method other than POST on the function path (GET on the health path)
 413   a body larger than ``max_body_bytes``
@@ -22,7 +23,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from statefun._exceptions import MalformedRequestError, UnknownFunctionError
+from statefun._exceptions import MalformedRequestError, UnknownFunctionError, ValueDecodeError
 from statefun._http.server import Reply, Request, media_type, plain
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
@@ -160,7 +161,7 @@ class Endpoint:
             return self._failed(body, exc)
 
     def _failed(self, body: bytes, exc: Exception) -> Reply:
-        if isinstance(exc, MalformedRequestError):
+        if isinstance(exc, MalformedRequestError | ValueDecodeError):
             log.warning("bad request on %s: %s", self.path, exc)
             return plain(400, str(exc))
         if isinstance(exc, UnknownFunctionError):

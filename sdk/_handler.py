@@ -95,6 +95,8 @@ class RequestReplyHandler:
         namespace, name, id_ = target.namespace, target.type, target.id
         if not namespace or not name:
             raise MalformedRequestError("the invocation batch has no target function type")
+        if not id_:
+            raise MalformedRequestError(f"the invocation batch to {namespace}/{name} has no id")
         typename = f"{namespace}/{name}"
         function = self.functions.for_typename(typename)
         values: dict[str, Any] = {}

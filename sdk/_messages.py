@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from statefun._exceptions import ValueDecodeError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
     BoolType,
@@ -57,7 +58,14 @@ class Message:
         tv = self.typed_value
         if not tv.has_value:
             return None
-        return tpe.serializer().deserialize(tv.value)
+        try:
+            return tpe.serializer().deserialize(tv.value)
+        except Exception as exc:
+            raise ValueDecodeError(
+                f"the message to {self.target_typename}/{self.target_id} is not a valid "
+                f"{tpe.typename} ({len(tv.value)} bytes of type {tv.typename}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def value_typename(self) -> str:
         return str(self.typed_value.typename)

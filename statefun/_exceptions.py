@@ -11,6 +11,7 @@ The tree::
     ├── ProtocolError                  bytes that break the request-reply protocol (also ValueError)
     │   ├── MalformedRequestError      a ToFunction that cannot be decoded or is incomplete
     │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
+    ├── ValueDecodeError               bytes that are no value of their type (also ValueError)
     ├── UnknownFunctionError           no function registered for a typename (also LookupError)
     ├── StateTypeMismatchError         stored state has another typename (also TypeError)
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
@@ -40,6 +41,7 @@ __all__ = [
     "StatefunError",
     "TerminalFunctionError",
     "UnknownFunctionError",
+    "ValueDecodeError",
 ]
 
 
@@ -77,6 +79,11 @@ class MalformedRequestError(ProtocolError):
 
 class MalformedResponseError(ProtocolError):
     """A FromFunction response cannot be decoded, or lacks what every response must have."""
+
+
+class ValueDecodeError(StatefunError, ValueError):
+    """The bytes of a typed value (a message's argument, a stored state) cannot be decoded as
+    the type that reads them; the message names the value and the type."""
 
 
 class UnknownFunctionError(StatefunError, LookupError):
