@@ -68,6 +68,14 @@ _YamlLoader.yaml_implicit_resolvers = {
 }
 
 
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a key or a file name) escaped."""
+    return text.translate(_CONTROL)
+
+
 def _show(value: object) -> str:
     if isinstance(value, dict):
         return "a mapping"
@@ -89,7 +97,7 @@ class _Doc:
 
     def error(self, path: str, message: str) -> ModuleError:
         return ModuleError(
-            f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}"
+            _one_line(f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}")
         )
 
 
@@ -619,9 +627,21 @@ def _parse(text: str, name: str, base_dir: Path) -> list[Component]:
         mark = exc.problem_mark or exc.context_mark
         where = f"{name}, line {mark.line + 1}, column {mark.column + 1}" if mark else name
         context = f" ({exc.context})" if exc.context else ""
-        raise ModuleError(f"{where}: invalid YAML: {exc.problem}{context}") from None
+        raise ModuleError(_one_line(f"{where}: invalid YAML: {exc.problem}{context}")) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise ModuleError(
+            _one_line(
+                f"{name}, line {line}, column {column}: invalid YAML: character "
+                f"U+{ord(character):04X} is not allowed"
+            )
+        ) from None
     except yaml.YAMLError as exc:
-        raise ModuleError(f"{name}: invalid YAML: {exc}") from None
+        raise ModuleError(
+            _one_line(f"{name}: invalid YAML: {' '.join(str(exc).split())}")
+        ) from None
     components: list[Component] = []
     non_empty = [d for d in documents if d is not None]
     for number, document in enumerate(documents, start=1):
