@@ -336,7 +336,10 @@ def _reply(reply: Any) -> Reply:
     headers = ((TYPENAME_HEADER, typename),)
     builtin = BUILTIN_TYPES.get(typename)
     if builtin is not None and reply.has_value:
-        value = builtin.serializer().deserialize(body)
+        try:
+            value = builtin.serializer().deserialize(body)
+        except Exception:  # not a value of its type: the caller gets the bytes as they are
+            return Reply(200, "application/octet-stream", body, headers)
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return Reply(200, "text/plain; charset=utf-8", text.encode("utf-8"), headers)
     return Reply(200, "application/octet-stream", body, headers)
