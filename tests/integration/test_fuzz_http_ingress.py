@@ -200,7 +200,7 @@ def requests(draw: st.DrawFn) -> bytes:
             st.sampled_from(["typename=", "typename=%s", "x=1&typename=%s"])
         ).replace("%s", draw(typenames))
     body = draw(bodies)
-    headers = [f"Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+    headers = ["Host: 127.0.0.1", f"Content-Length: {len(body)}"]
     if draw(st.integers(0, 3)):
         headers.append(f"Content-Type: {_header_text(draw(content_types))}")
     if draw(st.booleans()):
