@@ -62,9 +62,9 @@ class Message:
             return tpe.serializer().deserialize(tv.value)
         except Exception as exc:
             raise ValueDecodeError(
-                f"the message to {self.target_typename}/{self.target_id} is not a valid "
-                f"{tpe.typename} ({len(tv.value)} bytes of type {tv.typename}): "
-                f"{type(exc).__name__}: {exc}"
+                f"the message to {self.target_typename}/{self.target_id!r} is not a valid "
+                f"{tpe.typename} ({len(tv.value)} bytes of type {tv.typename!r}): "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}"
             ) from exc
 
     def value_typename(self) -> str:

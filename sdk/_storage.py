@@ -94,7 +94,8 @@ def _make_property(spec: ValueSpec) -> property:
             except Exception as exc:
                 raise ValueDecodeError(
                     f"state {name!r} of {self._typename!r} holds {len(typed.value)} bytes that "
-                    f"are not a valid {typename}: {type(exc).__name__}: {exc}"
+                    f"are not a valid {typename}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}"
                 ) from exc
         if cacheable or value is None:
             self._cache[name] = value

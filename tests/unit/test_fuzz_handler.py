@@ -186,7 +186,7 @@ def test_a_batch_without_target_id_is_a_malformed_request() -> None:
     """Found by test_well_formed_requests: the SDK raised ValueError('target_id can not be
     missing') from inside while building the first Message."""
     request = b"\xa2\x06.\n\x11\n\x04fuzz\x12\tstateless\x1a\x19\x12\x17\n\x15io.statefun.types/int"
-    with pytest.raises(MalformedRequestError, match="to fuzz/stateless has no id"):
+    with pytest.raises(MalformedRequestError, match="to 'fuzz/stateless' has no id"):
         HANDLER.handle_sync(request)
 
 
@@ -210,5 +210,13 @@ def test_state_bytes_that_do_not_decode_name_the_state() -> None:
 
 def test_a_message_whose_bytes_do_not_decode_names_the_message() -> None:
     argument = pb.TypedValue(typename=JSON.typename, has_value=True, value=b"\xff{")
-    with pytest.raises(ValueDecodeError, match="message to fuzz/sync/x is not a valid fuzz/Json"):
+    with pytest.raises(ValueDecodeError, match="message to fuzz/sync/'x' is not a valid fuzz/Json"):
         Message("fuzz/sync", "x", argument).as_type(JSON)
+
+
+def test_a_typename_with_a_newline_stays_on_one_line() -> None:
+    """Found by the long run of test_well_formed_requests: the typename of a batch without an
+    id went raw into the message."""
+    with pytest.raises(MalformedRequestError) as caught:
+        HANDLER.handle_sync(b"\xa2\x06\x0b\n\t\n\x04fuzz\x12\x01\n")
+    assert str(caught.value) == "the invocation batch to 'fuzz/\\n' has no id"
