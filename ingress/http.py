@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from statefun._exceptions import UnavailableError
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
+from statefun._oserrors import listen_error
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext, Source
@@ -95,7 +97,12 @@ class HttpSource(Source):
         if self.wal is not None:
             await asyncio.to_thread(self.wal.open)
         self._server = HttpServer(self)
-        self.port = await self._server.start(self.host, self.port)
+        try:
+            self.port = await self._server.start(self.host, self.port)
+        except OSError as exc:
+            raise UnavailableError(
+                f"ingress {self.ingress_id}: {listen_error(self.host, self.port, exc)}"
+            ) from exc
         log.info("ingress %s listening on http://%s:%d", self.ingress_id, self.host, self.port)
 
     async def run(self, context: IngressContext) -> None:

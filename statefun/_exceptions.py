@@ -17,6 +17,8 @@ The tree::
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
+    ├── UnavailableError               a port, a Kafka cluster, a file the job needs cannot be used
+    │                                  (also ConnectionError)
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
@@ -40,6 +42,7 @@ __all__ = [
     "StateTypeMismatchError",
     "StatefunError",
     "TerminalFunctionError",
+    "UnavailableError",
     "UnknownFunctionError",
     "ValueDecodeError",
 ]
@@ -116,6 +119,12 @@ class TerminalFunctionError(FunctionInvocationError):
     """A failure that retrying cannot fix (the function rejects the input, bad response...)."""
 
     retryable = False
+
+
+class UnavailableError(StatefunError, ConnectionError):
+    """Something outside the job that it needs cannot be used: a port already in use, a Kafka
+    cluster that does not answer, a file that cannot be written. The one-line message names
+    it and the part of the job (``ingress <id>``, ``egress <id>``, ``admin server``)."""
 
 
 class JobFailedError(StatefunError):

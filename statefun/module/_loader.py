@@ -215,8 +215,32 @@ def _functions(spec: _Fields) -> FunctionTarget:
 def _url_template(spec: _Fields) -> str:
     expected = "an http(s) URL such as 'http://localhost:8000/{function.name}'"
     url = cast(str, spec.string("urlPathTemplate", expected))
-    if urlsplit(url).scheme.lower() not in _URL_SCHEMES or "://" not in url:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in _URL_SCHEMES or "://" not in url:
         raise spec.fail("urlPathTemplate", f"expected {expected}, got {url!r}")
+    if parts.scheme.lower().endswith("+unix"):  # the path names the socket file
+        if not re.search(r"\.sock(?=/|$)", parts.path):
+            raise spec.fail(
+                "urlPathTemplate",
+                f"{url!r} names no socket file ending with .sock, as in "
+                "http+unix:///run/functions.sock/statefun",
+            )
+        return url
+    netloc = parts.netloc.rpartition("@")[2]  # without user:password@
+    if netloc.startswith("["):  # an IPv6 address: [::1]:8000
+        host, _, rest = netloc.partition("]")
+        host, port = host[1:], rest[1:] if rest.startswith(":") else rest
+    else:
+        host, _, port = netloc.partition(":")
+    if not host:
+        raise spec.fail("urlPathTemplate", f"{url!r} has no host")
+    if port:
+        if not port.isdigit():
+            raise spec.fail("urlPathTemplate", f"port {port!r} of {url!r} is not a number")
+        if not 0 < int(port) <= 65535:
+            raise spec.fail(
+                "urlPathTemplate", f"port {int(port)} of {url!r} is out of range 1-65535"
+            )
     return url
 
 

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from statefun._exceptions import UnavailableError
+from statefun._oserrors import listen_error
+
 if TYPE_CHECKING:
     from statefun.runtime._job import Job
 
@@ -33,7 +36,14 @@ class AdminServer:
         app.router.add_post("/savepoints", self._savepoint)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise UnavailableError(
+                f"admin server: {listen_error(self.host, self.port, exc)}"
+            ) from exc
         if self.port == 0 and self._runner.addresses:
             self.port = int(self._runner.addresses[0][1])
         log.info(

@@ -109,12 +109,27 @@ def _restart_delay(settings: Any, attempt: int) -> float:
     return float(min(60.0, base * 2 ** (attempt - 1)))
 
 
+def _check_folders(settings: Any) -> None:
+    """The folders the job will write: each usable, or a one-line ConfigurationError."""
+    from statefun._oserrors import usable_directory
+    from statefun.checkpoint.storage import storage_path
+
+    if settings.checkpoint_dir:
+        usable_directory("checkpoint_dir", storage_path(settings.checkpoint_dir))
+        for name in ("savepoint_dir", "http_wal_dir"):
+            if getattr(settings, name):
+                usable_directory(name, Path(getattr(settings, name)))
+    if settings.state_backend == "rocksdb":
+        usable_directory("state_dir", Path(settings.state_dir))
+
+
 def run(args: argparse.Namespace) -> int:
     from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
 
     module, settings = _load(args)
     assert isinstance(module, ModuleSpec)
+    _check_folders(settings)
     log.info(
         "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",
         len(module.endpoints),

@@ -134,8 +134,8 @@ def test_the_repository_uses_no_undeclared_variable() -> None:
     used: set[str] = set()
     for folder in ("statefun", "sdk", "ingress", "egress", "tests", "bench", "scripts"):
         for path in (root / folder).rglob("*.py"):
-            if path == Path(__file__).resolve():  # spells wrong names on purpose
-                continue
+            if path.name in ("test_settings.py", "test_startup_errors.py"):
+                continue  # they spell wrong names on purpose
             used.update(re.findall(r"PYSTATEFUN_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     used -= {"PYSTATEFUN_NAME"}  # how the docs spell the pattern
     assert used - settings - NON_SETTING_ENVIRONMENT == set()
