@@ -176,6 +176,12 @@ def _runtime_command(name: str) -> Callable[[argparse.Namespace], int]:
         except UnavailableError as exc:
             _complain(name, str(exc))
             return 1
+        except OSError as exc:  # the machine refused: a full disk, a file too large...
+            from statefun._oserrors import describe
+
+            log.debug("%s", exc, exc_info=exc)
+            _complain(name, describe(exc))
+            return 1
         return result
 
     return run

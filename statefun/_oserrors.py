@@ -7,7 +7,7 @@ from pathlib import Path
 
 from statefun._exceptions import ConfigurationError
 
-__all__ = ["listen_error", "reason", "usable_directory"]
+__all__ = ["describe", "listen_error", "reason", "usable_directory"]
 
 
 def reason(exc: OSError) -> str:
@@ -16,6 +16,14 @@ def reason(exc: OSError) -> str:
         text = os.strerror(exc.errno)
         return text[:1].lower() + text[1:]
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def describe(exc: OSError) -> str:
+    """One line: the message of one of the project's errors (it names what and where), else
+    why and the file: ``file too large: chk/chk-000001/cut.msgpack``."""
+    if not type(exc).__module__.startswith("statefun") and exc.errno:
+        return f"{reason(exc)}: {exc.filename}" if exc.filename else reason(exc)
+    return " ".join(str(exc).split())
 
 
 def listen_error(host: str, port: int, exc: OSError) -> str:

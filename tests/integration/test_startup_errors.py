@@ -303,3 +303,67 @@ def test_a_file_ingress_without_its_file(tmp_path: Path) -> None:
     )
     result = statefun(["run", "module.yaml"], tmp_path)
     one_line_error(result, 2, "ingress a/in", "missing.jsonl")
+
+
+# -- files too large (RLIMIT_FSIZE: the kernel refuses to grow a file past it) ----------------
+
+ECHO_FNS = """
+from statefun import *
+functions = StatefulFunctions()
+
+@functions.bind("app/echo")
+def echo(context, message):
+    context.send_egress(egress_message_builder("app/out", "x" * 200, StringType))
+"""
+FILE_PIPELINE = """
+kind: io.pystatefun.endpoints.v1/embedded
+spec: {{functions: app/*, module: fns.py:functions}}
+---
+kind: io.pystatefun.file.v1/ingress
+spec: {{id: app/in, path: in.jsonl}}
+---
+kind: io.pystatefun.file.v1/egress
+spec: {{id: app/out, path: out/out.jsonl, deliverySemantic: {semantic}}}
+"""
+
+
+def limit_file_size(size: int) -> object:
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
+
+
+def file_pipeline(tmp: Path, semantic: str, lines: int) -> None:
+    (tmp / "fns.py").write_text(ECHO_FNS)
+    (tmp / "module.yaml").write_text(FILE_PIPELINE.format(semantic=semantic))
+    records = (f'{{"target": "app/echo", "id": "{i}", "value": "v"}}\n' for i in range(lines))
+    (tmp / "in.jsonl").write_text("".join(records))
+
+
+def test_a_file_egress_past_the_file_size_limit(tmp_path: Path) -> None:
+    file_pipeline(tmp_path, "at-least-once", 200)
+    result = statefun(["run", "module.yaml"], tmp_path, preexec=limit_file_size(8192))
+    one_line_error(
+        result, 1, "egress app/out", f"cannot write {tmp_path / 'out' / 'out.jsonl'}", "too large"
+    )
+
+
+def test_a_checkpoint_past_the_file_size_limit(tmp_path: Path) -> None:
+    """The exactly-once egress's records ride in the checkpoint, whose file grows too large."""
+    file_pipeline(tmp_path, "exactly-once", 2000)
+    result = statefun(
+        ["run", "module.yaml", "--set", "checkpoint_dir=chk", "--set", "restart_strategy=none"],
+        tmp_path,
+        preexec=limit_file_size(65536),
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    # one line per event: the job's error (and why it stopped), or the command's error
+    assert lines and all(
+        " ERROR " in line or line.startswith("statefun run: error: ") for line in lines
+    ), lines
+    assert re.search(r"file too large: chk/chk-\d+/\S+\.msgpack", result.stderr), lines
