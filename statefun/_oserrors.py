@@ -12,10 +12,13 @@ __all__ = ["describe", "listen_error", "reason", "usable_directory"]
 
 def reason(exc: OSError) -> str:
     """Why: ``address already in use``, ``file too large``, ``permission denied``..."""
-    if exc.errno:
+    if exc.errno and exc.errno > 0:  # not asyncio's long text that repeats the address
         text = os.strerror(exc.errno)
-        return text[:1].lower() + text[1:]
-    return " ".join(str(exc).split()) or type(exc).__name__
+    elif exc.strerror:  # a name that does not resolve (negative getaddrinfo codes)
+        text = exc.strerror
+    else:
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return text[:1].lower() + text[1:]
 
 
 def describe(exc: OSError) -> str:

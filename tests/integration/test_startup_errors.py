@@ -54,7 +54,11 @@ def statefun(
 
 
 def one_line_error(
-    result: subprocess.CompletedProcess[str], code: int, *parts: str, others: str = "^$"
+    result: subprocess.CompletedProcess[str],
+    code: int,
+    *parts: str,
+    others: str = "^$",
+    command: str = "run",
 ) -> str:
     """The error line, after checking it is the only line (but for lines matching ``others``)
     and names every one of ``parts``."""
@@ -62,7 +66,7 @@ def one_line_error(
     lines = [line for line in result.stderr.strip().splitlines() if not re.search(others, line)]
     assert len(lines) == 1, result.stderr
     line = lines[0]
-    assert line.startswith("statefun run: error: "), line
+    assert line.startswith(f"statefun {command}: error: "), line
     for part in parts:
         assert part in line, (part, line)
     assert result.returncode == code, (result.returncode, result.stderr)
@@ -367,3 +371,35 @@ def test_a_checkpoint_past_the_file_size_limit(tmp_path: Path) -> None:
         " ERROR " in line or line.startswith("statefun run: error: ") for line in lines
     ), lines
     assert re.search(r"file too large: chk/chk-\d+/\S+\.msgpack", result.stderr), lines
+
+
+# -- other commands and hosts ----------------------------------------------------------------
+
+
+def test_an_ingress_host_that_does_not_resolve(tmp_path: Path) -> None:
+    (tmp_path / "module.yaml").write_text(
+        "kind: io.pystatefun.http.v1/ingress\nspec: {id: a/h, port: 0, host: nowhere.invalid}\n"
+    )
+    result = statefun(["run", "module.yaml"], tmp_path)
+    one_line_error(result, 1, "ingress a/h: cannot listen on nowhere.invalid:0")
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "message"),
+    [
+        (["send", "a/b/c", "x", "--url", "notaurl"], "send", "--url 'notaurl' is not an http"),
+        (
+            ["send", "a/b/c", "x", "--url", "http://127.0.0.1:99999"],
+            "send",
+            "--url 'http://127.0.0.1:99999': the port is not a number 0-65535",
+        ),
+        (
+            ["savepoint", "create", "--admin-url", "notaurl"],
+            "savepoint",
+            "--admin-url 'notaurl' is not an http",
+        ),
+    ],
+)
+def test_a_bad_url_option(tmp_path: Path, args: list[str], command: str, message: str) -> None:
+    result = statefun(args, tmp_path)
+    one_line_error(result, 2, message, command=command)
