@@ -666,6 +666,8 @@ def _parse(text: str, name: str, base_dir: Path) -> list[Component]:
         raise ModuleError(
             _one_line(f"{name}: invalid YAML: {' '.join(str(exc).split())}")
         ) from None
+    except RecursionError:
+        raise ModuleError(_one_line(f"{name}: invalid YAML: nested too deeply")) from None
     components: list[Component] = []
     non_empty = [d for d in documents if d is not None]
     for number, document in enumerate(documents, start=1):

@@ -153,3 +153,11 @@ def test_a_kind_with_a_newline_is_shown_escaped_on_one_line() -> None:
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("fuzz.yaml, document 1 (\\n): kind: unknown kind '\\n'")
+
+
+def test_yaml_nested_too_deeply_is_one_line() -> None:
+    """Found by probing past the fuzzer's sizes: PyYAML's composer recursed until Python's
+    RecursionError, which went out as a traceback."""
+    with pytest.raises(ConfigurationError) as caught:
+        load_module_text("kind: " + "[" * 5000 + "]" * 5000, "deep.yaml")
+    assert str(caught.value) == "deep.yaml: invalid YAML: nested too deeply"
