@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from statefun._exceptions import UnavailableError
+from statefun._oserrors import reason
 from statefun.egress.base import EgressRecord, Sink, describe_typed_value
 
 __all__ = ["FileSink"]
@@ -90,6 +92,14 @@ class FileSink(Sink):
 
     def _append(self, data: bytes, at: int | None) -> None:
         """Append ``data`` (at offset ``at``, cutting off anything after it) and fsync."""
+        try:
+            self._append_to_file(data, at)
+        except OSError as exc:
+            raise UnavailableError(
+                f"egress {self.egress_id}: cannot write {self.path}: {reason(exc)}"
+            ) from exc
+
+    def _append_to_file(self, data: bytes, at: int | None) -> None:
         mode = "r+b" if self.path.exists() else "wb"
         with self.path.open(mode) as out:
             if at is not None and out.seek(0, os.SEEK_END) > at:

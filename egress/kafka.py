@@ -79,7 +79,7 @@ from typing import Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from statefun._exceptions import ConfigurationError
+from statefun._exceptions import ConfigurationError, UnavailableError
 from statefun.egress.base import EgressRecord, Sink
 from statefun.ingress.kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
 from statefun.module._specs import KafkaEgressSpec
@@ -273,7 +273,7 @@ class KafkaSink(Sink):
         try:
             producer = kafka.KafkaProducer(**config)
         except kafka.errors.KafkaError as exc:
-            raise ConnectionError(
+            raise UnavailableError(
                 f"egress {self.egress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
             ) from exc
         unsupported = bulk_supported(producer)

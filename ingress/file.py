@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from statefun._exceptions import ConfigurationError
 from statefun.ingress._records import RecordError, typed_value_from_record
 from statefun.ingress.base import IngressContext, Source
 from statefun.sdk._types import validate_typename
@@ -33,7 +34,7 @@ class FileSource(Source):
 
     async def start(self) -> None:
         if not self.path.is_file():
-            raise FileNotFoundError(f"ingress {self.ingress_id}: no such file {self.path}")
+            raise ConfigurationError(f"ingress {self.ingress_id}: no such file {self.path}")
 
     async def run(self, context: IngressContext) -> None:
         lines = await asyncio.to_thread(self._read_lines)

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from statefun._exceptions import UndeliverableError
+from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._http.server import HttpServer, Reply, Request, ServerOptions, media_type, plain
+from statefun._oserrors import listen_error
 from statefun.ingress._idempotency import HEADER_KEY, IdempotentRequests
 from statefun.ingress._keystore import Entry
 from statefun.ingress._records import BUILTIN_TYPES, RecordError, typed_value_from_text
@@ -126,7 +127,12 @@ class HttpSource(Source):
         self._server = HttpServer(
             self, options=self.server_options, name=f"HTTP ingress {self.ingress_id}"
         )
-        self.port = await self._server.start(self.host, self.port)
+        try:
+            self.port = await self._server.start(self.host, self.port)
+        except OSError as exc:
+            raise UnavailableError(
+                f"ingress {self.ingress_id}: {listen_error(self.host, self.port, exc)}"
+            ) from exc
         log.info("ingress %s listening on %s", self.ingress_id, self.url)
 
     async def run(self, context: IngressContext) -> None:
@@ -409,7 +415,10 @@ def _reply(reply: Any) -> Reply:
     headers = ((TYPENAME_HEADER, typename),)
     builtin = BUILTIN_TYPES.get(typename)
     if builtin is not None and reply.has_value:
-        value = builtin.serializer().deserialize(body)
+        try:
+            value = builtin.serializer().deserialize(body)
+        except Exception:  # not a value of its type: the caller gets the bytes as they are
+            return Reply(200, "application/octet-stream", body, headers)
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return Reply(200, "text/plain; charset=utf-8", text.encode("utf-8"), headers)
     return Reply(200, "application/octet-stream", body, headers)

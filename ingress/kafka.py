@@ -38,7 +38,7 @@ from typing import Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from statefun._exceptions import ConfigurationError
+from statefun._exceptions import ConfigurationError, UnavailableError
 from statefun.ingress._records import BUILTIN_TYPES
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
@@ -369,7 +369,7 @@ class KafkaSource(Source):
         try:
             self._consumer = kafka.KafkaConsumer(**self._consumer_config)
         except kafka.errors.KafkaError as exc:
-            raise ConnectionError(
+            raise UnavailableError(
                 f"ingress {self.ingress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
             ) from exc
         from statefun.ingress._kafka_fetch import install

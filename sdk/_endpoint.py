@@ -6,7 +6,8 @@ built-in server (``statefun._http.server``) both call it, so they answer the sam
 the same way. Errors are answered with one line of plain text and never with a traceback:
 
 ====  ==========================================================================
-400   the body is not a ToFunction with an invocation batch
+400   the body is not a ToFunction with an invocation batch, or a value in it (a state, a
+      message the function reads) does not decode as its type
 404   no function is registered for the target's typename (or no such path)
 405   a method other than POST on the function path (GET on the health path)
 413   a body larger than ``max_body_bytes``
@@ -22,7 +23,12 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from statefun._exceptions import MalformedRequestError, UnknownFunctionError
+from statefun._exceptions import (
+    InvalidValueError,
+    MalformedRequestError,
+    UnknownFunctionError,
+    ValueDecodeError,
+)
 from statefun._http.server import Reply, Request, media_type, plain
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
@@ -160,7 +166,12 @@ class Endpoint:
             return self._failed(body, exc)
 
     def _failed(self, body: bytes, exc: Exception) -> Reply:
-        if isinstance(exc, MalformedRequestError):
+        # A message whose value is no valid value of its own type is answered as a failure
+        # of the function named InvalidValueError: the runtime sends that message to the
+        # dead letters (a 400 would fail the whole batch as a bad request).
+        if isinstance(exc, MalformedRequestError | ValueDecodeError) and not isinstance(
+            exc, InvalidValueError
+        ):
             log.warning("bad request on %s: %s", self.path, exc)
             return plain(400, str(exc))
         if isinstance(exc, UnknownFunctionError):

@@ -96,6 +96,8 @@ class RequestReplyHandler:
         if not namespace or not name:
             raise MalformedRequestError("the invocation batch has no target function type")
         typename = f"{namespace}/{name}"
+        if not id_:
+            raise MalformedRequestError(f"the invocation batch to {typename!r} has no id")
         function = self.functions.for_typename(typename)
         values: dict[str, Any] = {}
         for state in batch.state:  # a loop costs less than a comprehension's frame on 3.11

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statefun._exceptions import InvalidSpecError, StateTypeMismatchError
+from statefun._exceptions import InvalidSpecError, StateTypeMismatchError, ValueDecodeError
 from statefun.sdk._spec import ValueSpec
 from statefun.sdk._types import (
     IMMUTABLE_TYPES,
@@ -89,7 +89,14 @@ def _make_property(spec: ValueSpec) -> property:
                 f"{typed.typename!r}, but its ValueSpec declares {typename!r}"
             )
         else:
-            value = deserialize(typed.value)
+            try:
+                value = deserialize(typed.value)
+            except Exception as exc:
+                raise ValueDecodeError(
+                    f"state {name!r} of {self._typename!r} holds {len(typed.value)} bytes that "
+                    f"are not a valid {typename}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}"
+                ) from exc
         if cacheable or value is None:
             self._cache[name] = value
         return value

@@ -4,8 +4,9 @@ Every subcommand is one ``Command``: a name, a one-line help, a function that ad
 arguments to its parser and a function that runs it and returns the exit code. Add one by
 writing the two functions and appending a ``Command`` to ``COMMANDS``.
 
-Exit codes: 0 success, 1 failure while running, 2 wrong usage (arguments, a bad TARGET),
-130 interrupted.
+Exit codes: 0 success, 1 failure while running (also: a port in use, an unreachable Kafka),
+2 wrong usage (arguments, settings, a bad TARGET or module file), 130 interrupted. Every
+error is one line on standard error: ``statefun COMMAND: error: what is wrong, and where``.
 """
 
 from __future__ import annotations
@@ -350,13 +351,22 @@ def _kafka(args: argparse.Namespace) -> int:
 
 def _runtime_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from statefun._exceptions import ConfigurationError
+        from statefun._exceptions import ConfigurationError, UnavailableError
         from statefun.runtime import _commands
 
         try:
             result: int = getattr(_commands, name)(args)
         except ConfigurationError as exc:
             raise UsageError(str(exc)) from None
+        except UnavailableError as exc:
+            _complain(name, str(exc))
+            return 1
+        except OSError as exc:  # the machine refused: a full disk, a file too large...
+            from statefun._oserrors import describe
+
+            log.debug("%s", exc, exc_info=exc)
+            _complain(name, describe(exc))
+            return 1
         return result
 
     return run

@@ -12,10 +12,11 @@ The tree::
     ├── ProtocolError                  bytes that break the request-reply protocol (also ValueError)
     │   ├── MalformedRequestError      a ToFunction that cannot be decoded or is incomplete
     │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
+    ├── ValueDecodeError               bytes that are no value of their type (also ValueError)
+    │   └── InvalidValueError          a message's value does not decode as its own type
+    │                                  (Message.as_type): the sender's error
     ├── UnknownFunctionError           no function registered for a typename (also LookupError)
     ├── StateTypeMismatchError         stored state has another typename (also TypeError)
-    ├── InvalidValueError              a message's value does not decode as its own type
-    │                                  (Message.as_type; also ValueError)
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
@@ -25,6 +26,8 @@ The tree::
     │           ├── StateWriteRejectedError a state write whose type is not its spec's
     │           └── MessageValueError       a function found a message's value invalid
     │                                       for the message's own type (InvalidValueError)
+    ├── UnavailableError               a port, a Kafka cluster, a file the job needs cannot be used
+    │                                  (also ConnectionError)
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
@@ -53,8 +56,10 @@ __all__ = [
     "StateWriteRejectedError",
     "StatefunError",
     "TerminalFunctionError",
+    "UnavailableError",
     "UndeliverableError",
     "UnknownFunctionError",
+    "ValueDecodeError",
 ]
 
 
@@ -106,6 +111,11 @@ class MalformedResponseError(ProtocolError):
     """A FromFunction response cannot be decoded, or lacks what every response must have."""
 
 
+class ValueDecodeError(StatefunError, ValueError):
+    """The bytes of a typed value (a message's argument, a stored state) cannot be decoded as
+    the type that reads them; the message names the value and the type."""
+
+
 class UnknownFunctionError(StatefunError, LookupError):
     """No function is registered under the requested typename."""
 
@@ -120,7 +130,7 @@ class StateTypeMismatchError(StatefunError, TypeError):
     """A stored state value carries a different typename than its ValueSpec declares."""
 
 
-class InvalidValueError(StatefunError, ValueError):
+class InvalidValueError(ValueDecodeError):
     """A message's value does not decode as the type the message names (``Message.as_type``
     with the message's own type): the sender's error, not the function's."""
 
@@ -159,6 +169,12 @@ class StateWriteRejectedError(UndeliverableError):
 class MessageValueError(UndeliverableError):
     """A function found a message's value invalid for the message's own type
     (``InvalidValueError`` in the function)."""
+
+
+class UnavailableError(StatefunError, ConnectionError):
+    """Something outside the job that it needs cannot be used: a port already in use, a Kafka
+    cluster that does not answer, a file that cannot be written. The one-line message names
+    it and the part of the job (``ingress <id>``, ``egress <id>``, ``admin server``)."""
 
 
 class JobFailedError(StatefunError):

@@ -27,11 +27,17 @@ def fsync_dir(path: Path) -> None:
 @contextmanager
 def synced_file(path: Path) -> Iterator[BinaryIO]:
     """A new file ``path`` to write, flushed and fsynced (not its directory) at the end of the
-    ``with`` block unless it raised."""
-    with path.open("wb") as out:
-        yield out
-        out.flush()
-        os.fsync(out.fileno())
+    ``with`` block unless it raised. An OSError (``File too large``, ``No space left``) names
+    the file."""
+    try:
+        with path.open("wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
 
 
 def write_synced(path: Path, data: bytes) -> None:

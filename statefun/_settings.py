@@ -2,11 +2,18 @@
 
 Every setting can come from the command line (``statefun run --set name=value``) or from an
 environment variable ``PYSTATEFUN_<NAME>`` (upper case); the command line wins.
+
+Every value is checked when the settings are made (ports 0-65535, counts and sizes positive,
+durations not negative and below ~24 days), and a ``PYSTATEFUN_*`` environment variable that
+names no setting is an error (with the closest setting's name), except the variables listed
+in ``NON_SETTING_ENVIRONMENT``, which other parts of the project read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -14,9 +21,23 @@ from typing import Any, Literal
 
 from statefun._exceptions import ConfigurationError
 
-__all__ = ["Settings"]
+__all__ = ["NON_SETTING_ENVIRONMENT", "Settings"]
 
 RemoteFailurePolicy = Literal["fail", "dead-letter"]
+
+ENV_PREFIX = "PYSTATEFUN_"
+
+#: ``PYSTATEFUN_*`` environment variables that are not settings (read by the test tooling);
+#: any other ``PYSTATEFUN_*`` name must be a setting's. Listed in docs/settings.md too.
+NON_SETTING_ENVIRONMENT = frozenset(
+    {
+        "PYSTATEFUN_PEERS_DIR",  # statefun._testing.peers: where peer SDK virtualenvs live
+        "PYSTATEFUN_KAFKA_CACHE",  # statefun._testing.kafka_broker: the broker's jars
+        "PYSTATEFUN_KAFKA_POM",  # statefun._testing.kafka_broker: the pom listing those jars
+        "PYSTATEFUN_KAFKA_BOOTSTRAP",  # tests/kafka_fixture.py: use this broker instead
+        "PYSTATEFUN_CRASH_SEED",  # tests/e2e: replay one crash-test run
+    }
+)
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -282,6 +303,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        _check_values(self)
         if self.parallelism < 1:
             raise ConfigurationError(f"parallelism must be at least 1, got {self.parallelism}")
         if self.max_parallelism < self.parallelism:
@@ -357,6 +379,7 @@ class Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         known = {f.name: f for f in fields(cls)}
+        _check_environment_names(environ, known)
         for name, f in known.items():
             raw = environ.get(f"PYSTATEFUN_{name.upper()}")
             if raw is not None:
@@ -390,3 +413,82 @@ def _convert(name: str, f: dataclasses.Field[Any], raw: str) -> Any:
         except ValueError:
             raise ConfigurationError(f"setting {name}: expected a number, got {raw!r}") from None
     return raw
+
+
+# -- value checks ---------------------------------------------------------------------------
+
+_MAX_MS = 2**31 - 1  # ~24.8 days: every wait stays within what timers and sleeps accept
+_MAX_INT = 2**63 - 1
+
+#: settings whose lower bound is not the rule by name (``_bounds``)
+_LOWER_BOUNDS: dict[str, int] = {
+    "parallelism": 1,
+    "max_parallelism": 1,
+    "max_in_flight_messages": 1,
+    "max_in_flight_remote_messages": 1,
+    "max_egress_backlog": 1,
+    "dispatcher_slice": 1,
+    "remote_max_connections": 1,
+    "max_response_bytes": 1,
+    "checkpoint_interval_ms": 10,
+    "checkpoints_retained": 1,
+}
+
+#: text settings that must not be empty (a file or folder that is always used)
+_NON_EMPTY = ("dead_letter_path", "state_dir")
+
+
+def _bounds(name: str) -> tuple[int, int]:
+    """The allowed range of an integer setting: by the table, else by its name's suffix."""
+    high = _MAX_MS if name.endswith("_ms") else _MAX_INT
+    if name in _LOWER_BOUNDS:
+        return _LOWER_BOUNDS[name], high
+    if name.startswith("max_") or name.endswith(("_bytes", "_size", "_connections")):
+        return 1, high
+    return 0, high
+
+
+def _check_values(settings: Settings) -> None:
+    """Raise a one-line ConfigurationError naming the first setting out of its range."""
+    for f in fields(settings):
+        name, value = f.name, getattr(settings, f.name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if name.endswith("_port"):
+                if not 0 <= value <= 65535:
+                    raise ConfigurationError(f"{name} must be a port number 0-65535, got {value}")
+                continue
+            low, high = _bounds(name)
+            if value < low:
+                raise ConfigurationError(f"{name} must be at least {low}, got {value}")
+            if value > high:
+                raise ConfigurationError(f"{name} must be at most {high}, got {value}")
+        elif isinstance(value, float):
+            if not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"{name} must be a number of 0 or more, got {value}")
+        elif name in _NON_EMPTY and isinstance(value, str) and not value.strip():
+            raise ConfigurationError(f"{name} must not be empty")
+    if settings.remote_retry_max_backoff_ms < settings.remote_retry_initial_backoff_ms:
+        raise ConfigurationError(
+            f"remote_retry_max_backoff_ms ({settings.remote_retry_max_backoff_ms}) must be at "
+            f"least remote_retry_initial_backoff_ms ({settings.remote_retry_initial_backoff_ms})"
+        )
+
+
+def _check_environment_names(
+    environ: Mapping[str, str], known: Mapping[str, dataclasses.Field[Any]]
+) -> None:
+    """A ``PYSTATEFUN_*`` variable must name a setting (or be a known non-setting variable)."""
+    names = {ENV_PREFIX + name.upper() for name in known}
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or variable in names:
+            continue
+        if variable in NON_SETTING_ENVIRONMENT:
+            continue
+        close = difflib.get_close_matches(variable, sorted(names), n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigurationError(
+            f"environment variable {variable} matches no setting{hint}; settings are "
+            f"{ENV_PREFIX}<NAME> for the names in docs/settings.md"
+        )

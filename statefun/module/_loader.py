@@ -75,6 +75,14 @@ _YamlLoader.yaml_implicit_resolvers = {
 }
 
 
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a key or a file name) escaped."""
+    return text.translate(_CONTROL)
+
+
 def _show(value: object) -> str:
     if isinstance(value, dict):
         return "a mapping"
@@ -96,7 +104,7 @@ class _Doc:
 
     def error(self, path: str, message: str) -> ModuleError:
         return ModuleError(
-            f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}"
+            _one_line(f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}")
         )
 
 
@@ -214,8 +222,32 @@ def _functions(spec: _Fields) -> FunctionTarget:
 def _url_template(spec: _Fields) -> str:
     expected = "an http(s) URL such as 'http://localhost:8000/{function.name}'"
     url = cast(str, spec.string("urlPathTemplate", expected))
-    if urlsplit(url).scheme.lower() not in _URL_SCHEMES or "://" not in url:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in _URL_SCHEMES or "://" not in url:
         raise spec.fail("urlPathTemplate", f"expected {expected}, got {url!r}")
+    if parts.scheme.lower().endswith("+unix"):  # the path names the socket file
+        if not re.search(r"\.sock(?=/|$)", parts.path):
+            raise spec.fail(
+                "urlPathTemplate",
+                f"{url!r} names no socket file ending with .sock, as in "
+                "http+unix:///run/functions.sock/statefun",
+            )
+        return url
+    netloc = parts.netloc.rpartition("@")[2]  # without user:password@
+    if netloc.startswith("["):  # an IPv6 address: [::1]:8000
+        host, _, rest = netloc.partition("]")
+        host, port = host[1:], rest[1:] if rest.startswith(":") else rest
+    else:
+        host, _, port = netloc.partition(":")
+    if not host:
+        raise spec.fail("urlPathTemplate", f"{url!r} has no host")
+    if port:
+        if not port.isdigit():
+            raise spec.fail("urlPathTemplate", f"port {port!r} of {url!r} is not a number")
+        if not 0 < int(port) <= 65535:
+            raise spec.fail(
+                "urlPathTemplate", f"port {int(port)} of {url!r} is out of range 1-65535"
+            )
     return url
 
 
@@ -641,9 +673,23 @@ def _parse(text: str, name: str, base_dir: Path) -> list[Component]:
         mark = exc.problem_mark or exc.context_mark
         where = f"{name}, line {mark.line + 1}, column {mark.column + 1}" if mark else name
         context = f" ({exc.context})" if exc.context else ""
-        raise ModuleError(f"{where}: invalid YAML: {exc.problem}{context}") from None
+        raise ModuleError(_one_line(f"{where}: invalid YAML: {exc.problem}{context}")) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise ModuleError(
+            _one_line(
+                f"{name}, line {line}, column {column}: invalid YAML: character "
+                f"U+{ord(character):04X} is not allowed"
+            )
+        ) from None
     except yaml.YAMLError as exc:
-        raise ModuleError(f"{name}: invalid YAML: {exc}") from None
+        raise ModuleError(
+            _one_line(f"{name}: invalid YAML: {' '.join(str(exc).split())}")
+        ) from None
+    except RecursionError:
+        raise ModuleError(_one_line(f"{name}: invalid YAML: nested too deeply")) from None
     components: list[Component] = []
     non_empty = [d for d in documents if d is not None]
     for number, document in enumerate(documents, start=1):

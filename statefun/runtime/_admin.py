@@ -22,8 +22,10 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from statefun._exceptions import UnavailableError
 from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
+from statefun._oserrors import listen_error
 
 if TYPE_CHECKING:
     from statefun.runtime._job import Job
@@ -52,7 +54,12 @@ class AdminServer:
 
     async def start(self) -> None:
         self._server = HttpServer(self, options=self._options, name="admin server")
-        self.port = await self._server.start(self.host, self.port)
+        try:
+            self.port = await self._server.start(self.host, self.port)
+        except OSError as exc:
+            raise UnavailableError(
+                f"admin server: {listen_error(self.host, self.port, exc)}"
+            ) from exc
         log.info(
             "admin server on http://%s:%d (GET /status, POST /savepoints)", self.host, self.port
         )

@@ -31,6 +31,20 @@ __all__ = [
 log = logging.getLogger("statefun.cli")
 
 
+def _check_http_url(option: str, url: str) -> None:
+    """A one-line ConfigurationError unless ``url`` is http(s)://host[:port]/..."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"{option} {url!r}: the port is not a number 0-65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise ConfigurationError(f"{option} {url!r} is not an http(s) URL such as {_EXAMPLE}")
+
+
+_EXAMPLE = "http://127.0.0.1:8090"
+
+
 def _settings_overrides(pairs: list[str]) -> dict[str, str]:
     overrides: dict[str, str] = {}
     for pair in pairs:
@@ -115,12 +129,27 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_folders(settings: Any) -> None:
+    """The folders the job will write: each usable, or a one-line ConfigurationError."""
+    from statefun._oserrors import usable_directory
+    from statefun.checkpoint.storage import storage_path
+
+    if settings.checkpoint_dir:
+        usable_directory("checkpoint_dir", storage_path(settings.checkpoint_dir))
+        for name in ("savepoint_dir", "http_wal_dir"):
+            if getattr(settings, name):
+                usable_directory(name, Path(getattr(settings, name)))
+    if settings.state_backend == "rocksdb":
+        usable_directory("state_dir", Path(settings.state_dir))
+
+
 def run(args: argparse.Namespace) -> int:
     from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
 
     module, settings = _load(args)
     assert isinstance(module, ModuleSpec)
+    _check_folders(settings)
     log.info(
         "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",
         len(module.endpoints),
@@ -219,6 +248,7 @@ def savepoint(args: argparse.Namespace) -> int:
     from statefun.checkpoint.storage import METADATA, read_checkpoint
 
     if args.action == "create":
+        _check_http_url("--admin-url", args.admin_url)
         request = urllib.request.Request(f"{args.admin_url.rstrip('/')}/savepoints", method="POST")
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
@@ -312,6 +342,7 @@ def send(args: argparse.Namespace) -> int:
     parts = args.address.split("/")
     if len(parts) != 3 or not all(parts):
         raise ConfigurationError(f"ADDRESS {args.address!r} must look like namespace/type/id")
+    _check_http_url("--url", args.url)
     quoted = "/".join(urllib.parse.quote(p, safe="") for p in parts)
     url = f"{args.url.rstrip('/')}/{'call' if args.call else 'messages'}/{quoted}"
     if args.typename:

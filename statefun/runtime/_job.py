@@ -33,6 +33,7 @@ from statefun._exceptions import (
     UndeliverableError,
 )
 from statefun._keygroups import key_group_for, subtask_for_key_group
+from statefun._oserrors import describe as describe_os_error
 from statefun._settings import Settings
 from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash
 from statefun.checkpoint.recovery import restore, restore_latest
@@ -578,6 +579,10 @@ class Job:
             raise
         except SimulatedCrash as exc:
             self._crashed = True
+            self.fail(exc)
+        except OSError as exc:  # the machine refused (a file too large, a full disk): one line
+            log.debug("the job stops", exc_info=exc)
+            log.error("%s; the job stops", describe_os_error(exc))
             self.fail(exc)
         except BaseException as exc:
             log.exception("internal error; the job stops")
