@@ -229,6 +229,9 @@ def _port_taken(port: int) -> str | None:
     if port == 0:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the broker binds (Java's server sockets reuse addresses): connections of an earlier
+        # broker on that port, closed and waiting out TIME_WAIT, do not keep it from listening.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError as exc:
