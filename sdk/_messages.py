@@ -65,7 +65,7 @@ class Message:
                 raise  # read as another type than its own: the function's error
             raise InvalidValueError(
                 f"the value of a message to {self.target_typename}/{self.target_id} is not a "
-                f"valid {tpe.typename} ({len(tv.value)} bytes): "
+                f"valid {tpe.typename}: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())}"
             ) from exc
 
