@@ -297,7 +297,8 @@ class RemoteClient:
         # lines, which the next line counts)
         if trouble.unreported < trouble.total:
             log.info(
-                "endpoint %s answers again after %d failed call attempt(s) in %.1f s",
+                "endpoint %s answers again (%d call attempt(s) failed since its first "
+                "failure %.1f s ago)",
                 origin,
                 trouble.total,
                 now - trouble.since,
