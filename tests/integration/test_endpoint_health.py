@@ -257,3 +257,30 @@ async def test_a_call_to_a_function_whose_server_is_down_says_it_is_still_waitin
     assert "the message is still waiting" in text, text
     assert "has not answered" in text and "is its endpoint up?" in text, text
     assert "ConnectionRefusedError" in text, text
+
+
+@pytest.mark.parametrize("policy", ["fail", "dead-letter"])
+async def test_many_batches_failing_at_once_log_a_few_lines(
+    policy: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO)
+    down = f"http://127.0.0.1:{free_port()}/statefun"
+    module = ModuleSpec(endpoints=(remote("test", down, call=timedelta(milliseconds=500)),))
+    script = [("test/counter", str(index), "x") for index in range(100)]
+
+    class Burst(Source):
+        bounded = True
+
+        async def run(self, context: IngressContext) -> None:
+            for typename, id_, text in script:
+                await context.submit(typename, id_, string(text))
+
+    settings = Settings(remote_failure_policy=policy, dead_letter_path=str(tmp_path / "dl"))
+    job = Job(module, settings, sources=[Burst("test/burst")])
+    try:
+        await asyncio.wait_for(job.run(), 30)
+    except Exception as exc:  # the fail policy fails the job: that is the point
+        assert policy == "fail", exc
+    errors = lines(caplog, logging.ERROR)
+    assert 1 <= len(errors) <= 12, errors  # not one (or two) per batch
+    assert len(lines(caplog)) <= 15, lines(caplog)
