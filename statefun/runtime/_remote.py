@@ -274,8 +274,8 @@ class RemoteClient:
             )
         else:
             log.warning(
-                "endpoint %s: %d call attempt(s) failed in the last %.0f s (%d since it "
-                "began failing %.0f s ago), retrying; last error: %s",
+                "endpoint %s: %d call attempt(s) failed in the last %.1f s (%d since it "
+                "began failing %.1f s ago), retrying; last error: %s",
                 origin,
                 trouble.unreported,
                 min(now - trouble.last_line, now - trouble.since),
@@ -316,7 +316,7 @@ class RemoteClient:
                     return None
                 return (
                     f"{trouble.total} call attempt(s) to {plan.origin} failed in the last "
-                    f"{time.monotonic() - trouble.since:.0f} s, last: {trouble.last_error}"
+                    f"{time.monotonic() - trouble.since:.1f} s, last: {trouble.last_error}"
                 )
         return None
 

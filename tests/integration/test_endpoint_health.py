@@ -284,3 +284,36 @@ async def test_many_batches_failing_at_once_log_a_few_lines(
     errors = lines(caplog, logging.ERROR)
     assert 1 <= len(errors) <= 12, errors  # not one (or two) per batch
     assert len(lines(caplog)) <= 15, lines(caplog)
+
+
+async def test_failures_go_on_being_counted_once_per_interval(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO)
+    down = f"http://127.0.0.1:{free_port()}/statefun"
+    module = ModuleSpec(endpoints=(remote("test", down, call=timedelta(seconds=1.5)),))
+    script = [("test/counter", str(index), "x") for index in range(20)]
+
+    class Burst(Source):
+        bounded = True
+
+        async def run(self, context: IngressContext) -> None:
+            for typename, id_, text in script:
+                await context.submit(typename, id_, string(text))
+
+    settings = Settings(
+        remote_failure_policy="dead-letter",
+        dead_letter_path=str(tmp_path / "dl"),
+        remote_log_interval_ms=400,
+        remote_probe_timeout_ms=0,
+    )
+    await asyncio.wait_for(Job(module, settings, sources=[Burst("test/burst")]).run(), 30)
+    logged = [line for line in lines(caplog) if line.startswith("endpoint ")]
+    assert logged[0].startswith(f"endpoint {down.removesuffix('/statefun')}: call to test/counter")
+    counted = logged[1:]
+    # 1.5 s of failures, one line per 0.4 s at most
+    assert 1 <= len(counted) <= 4, logged
+    for line in counted:
+        assert "call attempt(s) failed in the last" in line, line
+        assert "last error: ConnectionRefusedError" in line, line
+    assert not any("not reachable" in line for line in lines(caplog))  # (probe off)
