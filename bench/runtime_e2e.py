@@ -185,18 +185,6 @@ class CallStats:
         return self.calls, self.request_bytes, self.response_bytes, self.area
 
 
-class RetryCounter(logging.Handler):
-    """Counts the runtime's "call ... failed (attempt n) ...; retrying" warnings."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "retrying" in record.getMessage():
-            self.count += 1
-
-
 # -- results -----------------------------------------------------------------------------------
 
 
@@ -340,9 +328,6 @@ async def run_job_scenario(
         sinks=[sink],
     )
     stats = CallStats()
-    retries = RetryCounter()
-    remote_log = logging.getLogger("statefun.runtime._remote")
-    remote_log.addHandler(retries)
     job.client.call = stats.wrap(job.client.call)  # type: ignore[method-assign,assignment]
     running = asyncio.get_running_loop().create_task(job.run())
     await _watch(name, "warm-up", warmup, sink.times, running)
@@ -352,15 +337,14 @@ async def run_job_scenario(
     cpu = CpuMeter(processes)
     t0 = clock()
     calls0, req0, resp0, area0 = stats.snapshot()
-    retries0 = retries.count
+    retries0 = job.client.retried_attempts
     await _watch(name, "measuring", measure, sink.times, running)
     t1 = clock()
     calls1, req1, resp1, area1 = stats.snapshot()
-    retried = retries.count - retries0
+    retried = job.client.retried_attempts - retries0
     cpu_percent = cpu.percent()
     job.stop()
     await running
-    remote_log.removeHandler(retries)
     seconds = t1 - t0
 
     times = sink.times

@@ -5,7 +5,9 @@
   message's caller is ``pystatefun.http/reply:<request id>``, and whatever the function sends
   to its caller (``context.send(message_builder(context.caller.typename, context.caller.id,
   ...))``) is the response body, typed by the ``X-Statefun-Typename`` header. 504 after the
-  reply timeout; 422 with the reason at once if the message goes to the dead letters.
+  reply timeout, saying why when the runtime can tell (the message still waits for its
+  function, or the function ran and sent nothing to its caller); 422 with the reason at once
+  if the message goes to the dead letters.
 * ``GET /health``.
 
 The value's type: a ``typename`` query parameter or an ``X-Statefun-Typename`` header names
@@ -80,8 +82,12 @@ class HttpSource(Source):
         idempotency_max_keys: int = 1_000_000,
         idempotency_max_reply_bytes: int = 256 << 20,
         server_options: ServerOptions | None = None,
+        unanswered: Callable[[str, str], str] | None = None,
     ) -> None:
         super().__init__(ingress_id)
+        #: why a /call got no reply in time, from its request id and function type (the
+        #: job's ``UnansweredCalls.describe``); said in the 504
+        self.unanswered = unanswered
         #: the server's limits, Host allow-list, bearer token and TLS (``_http.defences``)
         self.server_options = server_options or ServerOptions()
         self.wal = WriteAheadLog(wal_dir, retained=wal_retained) if wal_dir is not None else None
@@ -391,7 +397,12 @@ class HttpSource(Source):
             try:
                 reply = await asyncio.wait_for(asyncio.shield(future), self.reply_timeout_s)
             except TimeoutError:
-                return plain(504, f"no reply from {typename}/{id_} within {self.reply_timeout_s}s")
+                why = (
+                    "" if self.unanswered is None else ": " + self.unanswered(request_id, typename)
+                )
+                return plain(
+                    504, f"no reply from {typename}/{id_} within {self.reply_timeout_s:g} s{why}"
+                )
             except UndeliverableError as exc:  # the message went to the dead letters
                 return plain(422, f"{typename}/{id_}: {exc}")
         except _Refused as exc:

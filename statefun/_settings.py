@@ -301,6 +301,21 @@ class Settings:
             "allowedHosts wins over this"
         ),
     )
+    remote_probe_timeout_ms: int = field(
+        default=1_000,
+        metadata=_doc(
+            "at job start, each remote endpoint (each origin of the module's HTTP endpoints) "
+            "gets one TCP connect bounded by this; one that cannot be reached is one WARNING "
+            "line, and the job starts anyway (0: no probe)"
+        ),
+    )
+    remote_log_interval_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "failed attempts of remote calls are logged per endpoint: the first at once, "
+            "then at most one line per this interval with the count and the last error"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_values(self)

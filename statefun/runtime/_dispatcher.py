@@ -173,6 +173,26 @@ class Dispatcher:
         pending.extend(envelope for envelope, _ in self.inbox)
         return pending
 
+    def callers_waiting(self, caller_typename: str) -> dict[str, str]:
+        """For the messages held here whose caller is of ``caller_typename``: caller id ->
+        where the message is ("in-flight": in a batch being processed; "its address's
+        mailbox"; "the dispatcher's inbox"). Not on the hot path: one pass over them all."""
+        where: dict[str, str] = {}
+        for key, mailbox in self.busy.items():
+            for envelope in self.in_flight.get(key, ()):
+                caller = envelope.caller
+                if caller is not None and caller.typename == caller_typename:
+                    where[caller.id] = "in-flight"
+            for envelope in mailbox:
+                caller = envelope.caller
+                if caller is not None and caller.typename == caller_typename:
+                    where[caller.id] = "its address's mailbox (behind a batch in flight)"
+        for envelope, _ in self.inbox:
+            caller = envelope.caller
+            if caller is not None and caller.typename == caller_typename:
+                where[caller.id] = "the dispatcher's inbox"
+        return where
+
     async def run(self) -> None:
         inbox = self.inbox
         slice_size = self.job.settings.dispatcher_slice
@@ -582,14 +602,15 @@ class Dispatcher:
                     f"function {function.typename} asked for a state without a name or type"
                 )
             expiration = missing.expiration_spec
-            function.register(
-                StateSpec(
-                    name,
-                    missing.type_typename,
-                    int(expiration.mode),
-                    int(expiration.expire_after_millis),
-                )
+            spec = StateSpec(
+                name,
+                missing.type_typename,
+                int(expiration.mode),
+                int(expiration.expire_after_millis),
             )
+            if function.specs.get(name) == spec:
+                continue  # (concurrent calls each ask for it: logged by the first)
+            function.register(spec)
             log.info(
                 "function %s registered state %r (%s)",
                 function.typename,

@@ -45,9 +45,11 @@ from statefun.runtime._deadletters import DeadLetterFile
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry, RemoteFunction
+from statefun.runtime._probe import probe_endpoints
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._timers import TimerService
+from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
 from statefun.state.base import StateBackend
 from statefun.state.memory import MemoryStateBackend
@@ -89,7 +91,10 @@ class Job:
             initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
             max_backoff_ms=self.settings.remote_retry_max_backoff_ms,
             max_response_bytes=self.settings.max_response_bytes,
+            log_interval_s=self.settings.remote_log_interval_ms / 1000.0,
         )
+        #: why a /call over the HTTP ingress got no reply in time (asked on its timeout)
+        self.unanswered_calls = UnansweredCalls(self, REPLY_TYPENAME)
         self.timers = TimerService(self._fire_delayed)
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
         #: lets a batch keep growing until it can be sent)
@@ -388,7 +393,10 @@ class Job:
             self.dead_letter(batch, str(error))
             return []
         if self.settings.remote_failure_policy == "dead-letter":
-            log.error("%s; %d message(s) go to the dead letters", error, len(batch), exc_info=cause)
+            if self.dead_letter_file.limiter.allow():  # (a flood of failures: a few lines)
+                log.error(
+                    "%s; %d message(s) go to the dead letters", error, len(batch), exc_info=cause
+                )
             self.dead_letter(batch, str(error))
             return []
         quarantined = self.quarantine.failed(batch, signature(typename, error))
@@ -416,7 +424,8 @@ class Job:
             )
             chosen = {id(envelope) for envelope in quarantined}
             return [envelope for envelope in batch if id(envelope) not in chosen]
-        log.error("%s; the job stops (remote_failure_policy=fail)", error, exc_info=cause)
+        if self._failure is None:  # (the other batches failing meanwhile add nothing)
+            log.error("%s; the job stops (remote_failure_policy=fail)", error, exc_info=cause)
         self.fail(error)
         return []
 
@@ -559,6 +568,9 @@ class Job:
             self._source_tasks.append(loop.create_task(self._run_source(source)))
         if self.checkpoints is not None:
             self._tasks.append(loop.create_task(self._guard(self.checkpoints.run())))
+        # one connect per remote endpoint, in the background: the job does not wait for it
+        probe = probe_endpoints(self.module.endpoints, self.settings.remote_probe_timeout_ms / 1000)
+        self._tasks.append(loop.create_task(self._guard(probe)))
         if self.settings.admin_port:
             from statefun.runtime._admin import AdminServer
 

@@ -197,6 +197,7 @@ def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
                     idempotency_max_keys=settings.http_idempotency_max_keys,
                     idempotency_max_reply_bytes=settings.http_idempotency_max_reply_bytes,
                     server_options=_ingress_server_options(settings, ingress),
+                    unanswered=job.unanswered_calls.describe,
                 )
             )
         elif isinstance(ingress, FileIngressSpec):

@@ -11,6 +11,12 @@ batch to the dead letters whatever the failure policy (a message to a type no on
 the sender's problem, not the job's); so does a failure this SDK's server reports as an
 ``InvalidValueError`` (a message's value does not decode as its own type): a
 MessageValueError.
+
+Failed attempts are reported per endpoint (its URL's origin), not per call: the first failure
+is one WARNING line, further ones are counted and reported at most once per
+``log_interval_s`` with the count and the last error, and the first success after them is one
+INFO line ("answers again"). ``trouble`` tells what the failures of an endpoint are (the HTTP
+ingress says so when a /call times out).
 """
 
 from __future__ import annotations
@@ -160,6 +166,26 @@ class _Plan(NamedTuple):
     connect: float
     read: float
     max_response_bytes: int
+    origin: str  # what failures are reported per ("http://host:port")
+
+
+def _origin_text(target: Target) -> str:
+    scheme, host, port = target.origin
+    return f"{scheme}://{port}" if isinstance(port, str) else f"{scheme}://{host}:{port}"
+
+
+class _Trouble:
+    """The failed attempts of one endpoint (origin): what is reported and when."""
+
+    __slots__ = ("failing", "last_error", "last_line", "since", "total", "unreported")
+
+    def __init__(self) -> None:
+        self.failing = False  # no attempt succeeded since the last failure
+        self.since = 0.0  # when the current run of failures began
+        self.total = 0  # failed attempts in the current run
+        self.unreported = 0  # failed attempts since the last line
+        self.last_line = float("-inf")
+        self.last_error = ""
 
 
 class RemoteClient:
@@ -171,8 +197,16 @@ class RemoteClient:
         initial_backoff_ms: int = 50,
         max_backoff_ms: int = 5_000,
         max_response_bytes: int = 64 << 20,
+        log_interval_s: float = 10.0,
     ) -> None:
         self._max_connections = max_connections
+        self._log_interval = log_interval_s
+        #: per origin, its failed attempts; ``_failing`` holds the origins failing now (read
+        #: on every successful call: empty while all is well)
+        self._trouble: dict[str, _Trouble] = {}
+        self._failing: set[str] = set()
+        #: failed attempts that were retried, in all (a count for benchmarks and tests)
+        self.retried_attempts = 0
         self._initial_backoff = initial_backoff_ms / 1000.0
         self._max_backoff = max_backoff_ms / 1000.0
         self._max_response_bytes = max_response_bytes
@@ -209,8 +243,82 @@ class RemoteClient:
             transport.connect.total_seconds(),
             transport.read.total_seconds(),
             min(self._max_response_bytes, transport.payload_max_bytes),
+            _origin_text(target),
         )
         return plan
+
+    def _failed(self, origin: str, typename: str, problem: str, pause: float) -> None:
+        """An attempt to ``origin`` failed and is retried: a line now and then, with counts."""
+        self.retried_attempts += 1
+        trouble = self._trouble.get(origin)
+        if trouble is None:
+            trouble = self._trouble[origin] = _Trouble()
+        now = time.monotonic()
+        if not trouble.failing:
+            trouble.failing, trouble.since, trouble.total = True, now, 0
+            self._failing.add(origin)
+        trouble.total += 1
+        trouble.unreported += 1
+        trouble.last_error = problem
+        if now - trouble.last_line < self._log_interval:
+            return
+        if trouble.total == 1:
+            log.warning(
+                "endpoint %s: call to %s failed: %s; retrying in %.0f ms (further failures "
+                "of this endpoint are counted, one line per %.0f s)",
+                origin,
+                typename,
+                problem,
+                pause * 1000,
+                self._log_interval,
+            )
+        else:
+            log.warning(
+                "endpoint %s: %d call attempt(s) failed in the last %.1f s (%d since it "
+                "began failing %.1f s ago), retrying; last error: %s",
+                origin,
+                trouble.unreported,
+                min(now - trouble.last_line, now - trouble.since),
+                trouble.total,
+                now - trouble.since,
+                problem,
+            )
+        trouble.last_line, trouble.unreported = now, 0
+
+    def _answered(self, origin: str) -> None:
+        """A call to ``origin`` succeeded: the end of its run of failures."""
+        self._failing.discard(origin)
+        trouble = self._trouble.get(origin)
+        if trouble is None or not trouble.failing:
+            return
+        trouble.failing = False
+        now = time.monotonic()
+        # one line per run of failures that was reported (not for a lone failure between two
+        # lines, which the next line counts)
+        if trouble.unreported < trouble.total:
+            log.info(
+                "endpoint %s answers again (%d call attempt(s) failed since its first "
+                "failure %.1f s ago)",
+                origin,
+                trouble.total,
+                now - trouble.since,
+            )
+            trouble.unreported = 0
+            trouble.last_line = now
+
+    def trouble(self, url: str) -> str | None:
+        """What the failures of the endpoint of ``url`` are, while it fails (None: it does
+        not, as far as the calls so far tell)."""
+        for (planned, _), plan in self._plans.items():
+            if planned == url:
+                trouble = self._trouble.get(plan.origin)
+                if trouble is None or not trouble.failing:
+                    return None
+                return (
+                    f"{trouble.total} call attempt(s) to {plan.origin} failed in the last "
+                    f"{time.monotonic() - trouble.since:.1f} s, last: {trouble.last_error}"
+                )
+        return None
 
     async def call(
         self,
@@ -233,7 +341,8 @@ class RemoteClient:
             await self.start()
         pool = self._pool
         assert pool is not None
-        target, call_timeout, connect, read, limit = self._plan(url, transport, typename)[1:]
+        plan = self._plan(url, transport, typename)
+        target, call_timeout, connect, read, limit = plan[1:6]
         deadline = time.monotonic() + call_timeout
         backoff = self._initial_backoff
         attempt = 0
@@ -252,6 +361,8 @@ class RemoteClient:
                         before_wait()  # (if the pool did not: it failed before waiting)
                         before_wait = None
                 if response.status == 200:
+                    if self._failing:
+                        self._answered(plan.origin)
                     return response.body
                 reason = response.body[:200].decode("utf-8", "replace").strip()
                 problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
@@ -278,12 +389,6 @@ class RemoteClient:
                     f"{transport.call} ({attempt} attempts); last error: {problem}"
                 )
             pause = min(backoff, remaining) * (0.5 + random.random() / 2)
-            log.warning(
-                "call to %s failed (attempt %d): %s; retrying in %.0f ms",
-                typename,
-                attempt,
-                problem,
-                pause * 1000,
-            )
+            self._failed(plan.origin, typename, problem, pause)
             await asyncio.sleep(pause)
             backoff = min(backoff * 2, self._max_backoff)
