@@ -19,12 +19,14 @@ The tree::
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
-    │       └── UndeliverableError     the input cannot be delivered, whatever the policy: it
-    │           │                      goes to the dead letters and the job goes on
-    │           ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
-    │           ├── StateWriteRejectedError a state write whose type is not its spec's
-    │           └── MessageValueError       a function found a message's value invalid
-    │                                       for the message's own type (InvalidValueError)
+    │       ├── UndeliverableError     the input cannot be delivered, whatever the policy: it
+    │       │   │                      goes to the dead letters and the job goes on
+    │       │   ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
+    │       │   ├── StateWriteRejectedError a state write whose type is not its spec's
+    │       │   └── MessageValueError       a function found a message's value invalid
+    │       │                               for the message's own type (InvalidValueError)
+    │       └── FunctionFailedError    a function raised under statefun.testing's harness
+    │                                  (``__cause__`` is what it raised)
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
 
 Errors that describe bad input also derive from the built-in exception that code written for
@@ -36,6 +38,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointDamagedError",
     "ConfigurationError",
+    "FunctionFailedError",
     "FunctionInvocationError",
     "FunctionNotFoundError",
     "InvalidFunctionError",
@@ -159,6 +162,11 @@ class StateWriteRejectedError(UndeliverableError):
 class MessageValueError(UndeliverableError):
     """A function found a message's value invalid for the message's own type
     (``InvalidValueError`` in the function)."""
+
+
+class FunctionFailedError(TerminalFunctionError):
+    """A function raised while statefun.testing's harness called it: the message names the
+    address and the message, ``__cause__`` is what the function raised."""
 
 
 class JobFailedError(StatefunError):
