@@ -103,9 +103,7 @@ class FunctionHarness:
             self._functions[function.typename] = _Function(function)
             for spec in function.specs:
                 self._types.add(spec.type)
-            module = getattr(function.fun, "__module__", None)
-            if module:
-                self._types.add_module_types(module)
+            self._types.add_module_types(function.fun)
         self._now_ms = int(start.timestamp() * 1000)
         self._state: dict[Address, dict[str, Any]] = {}
         self._queue: deque[Envelope] = deque()

@@ -77,11 +77,14 @@ class TypeTable:
         if typename not in self._types:
             self._json.add(typename)
 
-    def add_module_types(self, module_name: str) -> None:
-        """The module-level ``Type`` objects of an imported module (its JSON, protobuf and
-        simple types)."""
-        module = sys.modules.get(module_name)
-        for value in vars(module).values() if module is not None else ():
+    def add_module_types(self, fun: Any) -> None:
+        """The module-level ``Type`` objects (JSON, protobuf and simple types) of the module
+        that defines the function ``fun``."""
+        namespace = getattr(fun, "__globals__", None)
+        if namespace is None:  # a callable object: its class's module, if imported
+            module = sys.modules.get(getattr(fun, "__module__", "") or "")
+            namespace = vars(module) if module is not None else {}
+        for value in list(namespace.values()):
             if isinstance(value, Type):
                 self.add(value)
 
