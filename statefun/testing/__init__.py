@@ -17,6 +17,7 @@ from statefun._exceptions import FunctionFailedError
 from statefun.testing._assertions import assert_outcome, assert_state
 from statefun.testing._harness import FunctionHarness
 from statefun.testing._outcome import Delayed, EgressRecord, Outcome, Sent
+from statefun.testing._remote import SdkProcess
 from statefun.testing._values import KafkaRecord, KinesisRecord, Raw
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "KinesisRecord",
     "Outcome",
     "Raw",
+    "SdkProcess",
     "Sent",
     "assert_outcome",
     "assert_state",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,8 +32,9 @@ from statefun.sdk._handler import RequestReplyHandler
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._storage import storage_mutations
-from statefun.sdk._types import Type, TypedValue
+from statefun.sdk._types import Type, TypedValue, validate_typename
 from statefun.testing._outcome import Delayed, EgressRecord, Outcome, Sent
+from statefun.testing._remote import Effects, RemoteCall, SdkProcess, call_remote
 from statefun.testing._values import TypeTable
 
 __all__ = ["FunctionHarness"]
@@ -49,13 +50,22 @@ Address = tuple[str, str]
 
 
 class _Function:
-    """A registered function with its state specs as the runtime sees them."""
+    """A function of the harness with its state specs as the runtime sees them: embedded (a
+    ``StatefulFunction``) or remote (``call``: request bytes in, response bytes out; its specs
+    are the ones it asked for)."""
 
-    __slots__ = ("function", "has_ttl", "specs")
+    __slots__ = ("call", "function", "has_ttl", "specs", "value_specs")
 
-    def __init__(self, function: StatefulFunction) -> None:
+    def __init__(self, function: StatefulFunction | None, call: RemoteCall | None = None) -> None:
         self.function = function
-        self.specs = {s.name: StateSpec.from_value_spec(s) for s in function.specs}
+        self.call = call
+        self.value_specs = function.storage_class._specs if function is not None else {}
+        self.specs = {
+            s.name: StateSpec.from_value_spec(s) for s in (function.specs if function else ())
+        }
+        self.has_ttl = any(s.ttl_mode for s in self.specs.values())
+
+    def specs_changed(self) -> None:
         self.has_ttl = any(s.ttl_mode for s in self.specs.values())
 
 
@@ -82,14 +92,17 @@ class FunctionHarness:
 
     def __init__(
         self,
-        functions: StatefulFunctions | RequestReplyHandler,
+        functions: StatefulFunctions | RequestReplyHandler | None = None,
         *,
+        remote: Mapping[str, RemoteCall] | SdkProcess | None = None,
         types: Iterable[Type] = (),
         start: datetime = DEFAULT_START,
         max_invocations: int = 100_000,
     ) -> None:
         if isinstance(functions, RequestReplyHandler):
             functions = functions.functions
+        if functions is None:
+            functions = StatefulFunctions()
         if not isinstance(functions, StatefulFunctions):
             raise TypeError(
                 "FunctionHarness takes a statefun.StatefulFunctions (or a RequestReplyHandler "
@@ -104,6 +117,15 @@ class FunctionHarness:
             for spec in function.specs:
                 self._types.add(spec.type)
             self._types.add_module_types(function.fun)
+        if isinstance(remote, SdkProcess):
+            remote = dict.fromkeys(remote.typenames, remote)
+        for typename, call in (remote or {}).items():
+            validate_typename(typename, "remote function typename")
+            if typename in self._functions:
+                raise ValueError(f"{typename!r} is both a function of the registry and remote")
+            if not callable(call):
+                raise TypeError(f"remote {typename!r}: expected a callable (bytes -> bytes)")
+            self._functions[typename] = _Function(None, call)
         self._now_ms = int(start.timestamp() * 1000)
         self._state: dict[Address, dict[str, Any]] = {}
         self._queue: deque[Envelope] = deque()
@@ -222,7 +244,7 @@ class FunctionHarness:
         (expired TTL values are gone, as a function would find them)."""
         function = self._function(typename)
         values = _live_values(self._state.get((typename, id)), self._now_ms)
-        specs = function.function.storage_class._specs
+        specs = function.value_specs
         out: dict[str, Any] = {}
         for name, typed in values.items():
             if typed is None or not typed.has_value:
@@ -238,22 +260,26 @@ class FunctionHarness:
         """Give ``typename``/``id`` these state values (by ValueSpec name, encoded with its
         type; None deletes one), as if the function had written them now."""
         function = self._function(typename)
-        specs = function.function.storage_class._specs
         key = (typename, id)
         current = dict(self._state.get(key) or {})
         for name, value in values.items():
-            spec = specs.get(name)
+            spec = function.specs.get(name)
             if spec is None:
+                known = ", ".join(sorted(function.specs)) or "none"
+                if function.call is not None:
+                    known += " (a remote function tells its specs on its first invocation)"
                 raise InvalidSpecError(
-                    f"{name!r} is not a ValueSpec of {typename!r}; it has: "
-                    f"{', '.join(sorted(specs)) or 'none'}"
+                    f"{name!r} is not a ValueSpec of {typename!r}; it has: {known}"
                 )
             if value is None:
                 current.pop(name, None)
+                continue
+            value_spec = function.value_specs.get(name)
+            if value_spec is not None:
+                data = value_spec.type.serializer().serialize(value)
+                current[name] = TypedValue(spec.typename, data)
             else:
-                current[name] = TypedValue(
-                    spec.type.typename, spec.type.serializer().serialize(value)
-                )
+                current[name] = self._types.encode(value, spec.typename, None)
         if function.has_ttl:
             current = _with_deadlines(current, function.specs, list(values), self._now_ms)
         self._state[key] = current
@@ -286,22 +312,39 @@ class FunctionHarness:
         now = self._now_ms
         stored = self._state.get(key)
         values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
-        address = _address(typename, id_)
-        context = InvocationContext(address, function.function.storage_class(typename, values))
-        context.set_caller(envelope.caller)
         try:
-            result = function.function.fun(context, Message(typename, id_, envelope.value))
-            if function.function.is_async:
-                _complete(result, typename)
+            if function.function is not None:
+                effects = _call_embedded(function.function, envelope, values)
+            else:
+                assert function.call is not None
+                effects = call_remote(function.call, envelope, function.specs, values)
+                function.specs_changed()
         except Exception as exc:
             raise FunctionFailedError(
                 f"function {typename}/{id_} raised {type(exc).__name__}: {exc} "
                 f"(message {self._describe(envelope)})"
             ) from exc
-        # Applied as the dispatcher applies an embedded invocation: state, then the outputs.
+        self._apply(function, key, values, effects, now, outcome)
+
+    def _apply(
+        self,
+        function: _Function,
+        key: Address,
+        values: dict[str, Any],
+        effects: Effects,
+        now: int,
+        outcome: Outcome,
+    ) -> None:
+        """As the dispatcher applies an invocation: state, then messages, delayed messages and
+        cancellations, egress."""
         outcome.invocations += 1
-        mutations = storage_mutations(context.storage)
+        mutations = effects.mutations
         if mutations or function.has_ttl:
+            for name, typed in mutations:
+                if typed is None:
+                    values.pop(name, None)
+                else:
+                    values[name] = typed
             new = {k: v for k, v in values.items() if v is not None}
             if function.has_ttl:
                 new = _with_deadlines(new, function.specs, [n for n, _ in mutations], now)
@@ -310,12 +353,13 @@ class FunctionHarness:
             written = outcome.states.setdefault(key, {})
             for name, typed in mutations:
                 written[name] = self._types.decode(typed)
-        for message in context.messages:
+        address = _address(*key)
+        for message in effects.messages:
             sent = Envelope(
                 message.target_typename, message.target_id, message.typed_value, address
             )
             self._route(sent, outcome)
-        for entry in context.delayed:
+        for entry in effects.delayed:
             later = entry.message
             if later is None:
                 self._timers.cancel(key, entry.cancellation_token)
@@ -335,10 +379,8 @@ class FunctionHarness:
             self._delayed[delayed_envelope] = record
             self._timers.schedule(entry.delay_ms, delayed_envelope, key, entry.cancellation_token)
             outcome.delayed.append(record)
-        for egress in context.egress:
-            outcome.egress_records.append(
-                EgressRecord(egress.typename, self._types.decode(egress.typed_value))
-            )
+        for egress_id, typed in effects.egress:
+            outcome.egress_records.append(EgressRecord(egress_id, self._types.decode(typed)))
 
     def _route(self, envelope: Envelope, outcome: Outcome) -> None:
         """A message from a function: to the queue, to the replies, or to ``undelivered``."""
@@ -363,6 +405,20 @@ class FunctionHarness:
         sender = envelope.caller
         source = f" from {sender.typename}/{sender.id}" if sender is not None else ""
         return f"{value!r} of type {envelope.value.typename}{source}"
+
+
+def _call_embedded(
+    function: StatefulFunction, envelope: Envelope, values: dict[str, Any]
+) -> Effects:
+    """One invocation with the SDK's context and storage (``values`` is written in place)."""
+    typename, id_ = envelope.typename, envelope.id
+    context = InvocationContext(_address(typename, id_), function.storage_class(typename, values))
+    context.set_caller(envelope.caller)
+    result = function.fun(context, Message(typename, id_, envelope.value))
+    if function.is_async:
+        _complete(result, typename)
+    egress = [(e.typename, e.typed_value) for e in context.egress]
+    return Effects(storage_mutations(context.storage), context.messages, context.delayed, egress)
 
 
 def _complete(result: Any, typename: str) -> None:

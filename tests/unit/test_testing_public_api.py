@@ -11,6 +11,7 @@ TESTING_NAMES = {
     "KinesisRecord",
     "Outcome",
     "Raw",
+    "SdkProcess",
     "Sent",
     "assert_outcome",
     "assert_state",
