@@ -16,6 +16,7 @@ address arrive in the order they were sent.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -131,6 +132,9 @@ class FunctionHarness:
         self._queue: deque[Envelope] = deque()
         self._timers = TimerService(self._fired, clock=lambda: self._now_ms)
         self._delayed: dict[Envelope, Delayed] = {}
+        #: the deadlines of the delayed messages scheduled (cancelled ones too: at those
+        #: times nothing fires), earliest first
+        self._deadlines: list[int] = []
         self._fired_now: list[Envelope] = []
         self._callers: set[Address] = set()
         self._calls = 0
@@ -157,11 +161,9 @@ class FunctionHarness:
         target = self._now_ms + duration // _ONE_MS
         outcome = Outcome()
         self._drain(outcome)
-        while True:
-            due = next(self._timers.pending(), None)
-            if due is None or due.deadline_ms > target:
-                break
-            self._now_ms = max(self._now_ms, due.deadline_ms)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0] <= target:
+            self._now_ms = max(self._now_ms, heapq.heappop(deadlines))
             self._timers._fire_due()  # every message due now, in deadline order, to _fired
             fired, self._fired_now = self._fired_now, []
             for envelope in fired:
@@ -378,6 +380,7 @@ class FunctionHarness:
             )
             self._delayed[delayed_envelope] = record
             self._timers.schedule(entry.delay_ms, delayed_envelope, key, entry.cancellation_token)
+            heapq.heappush(self._deadlines, now + entry.delay_ms)
             outcome.delayed.append(record)
         for egress_id, typed in effects.egress:
             outcome.egress_records.append(EgressRecord(egress_id, self._types.decode(typed)))
