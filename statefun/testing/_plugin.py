@@ -4,18 +4,21 @@
   ``FunctionHarness``.
 * A failed ``assert outcome == expected`` (two Outcomes) lists the parts that differ, one line
   each, instead of two long reprs.
+
+pytest loads it in every run where pystatefun is installed, so it imports the kit only when a
+test uses it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from statefun.testing._assertions import explain_difference
-from statefun.testing._harness import FunctionHarness
-from statefun.testing._outcome import Outcome
+if TYPE_CHECKING:
+    from statefun.testing._harness import FunctionHarness
 
 __all__ = ["pytest_assertrepr_compare", "statefun_harness"]
 
@@ -23,15 +26,20 @@ __all__ = ["pytest_assertrepr_compare", "statefun_harness"]
 @pytest.fixture
 def statefun_harness() -> Callable[..., FunctionHarness]:
     """A factory: ``statefun_harness(functions, types=..., start=...)`` -> FunctionHarness."""
+    from statefun.testing._harness import FunctionHarness
 
-    def make(functions: Any, **options: Any) -> FunctionHarness:
+    def make(functions: Any = None, **options: Any) -> FunctionHarness:
         return FunctionHarness(functions, **options)
 
     return make
 
 
 def pytest_assertrepr_compare(config: Any, op: str, left: Any, right: Any) -> list[str] | None:
-    if op != "==" or not (isinstance(left, Outcome) and isinstance(right, Outcome)):
+    outcomes = sys.modules.get("statefun.testing._outcome")  # no Outcome exists before it
+    if op != "==" or outcomes is None:
         return None
-    lines = explain_difference(right, left)
-    return ["the outcomes differ (expected: right side):", *lines]
+    if not (isinstance(left, outcomes.Outcome) and isinstance(right, outcomes.Outcome)):
+        return None
+    from statefun.testing._assertions import explain_difference
+
+    return ["the outcomes differ (expected: right side):", *explain_difference(right, left)]
