@@ -20,12 +20,14 @@ The tree::
     ├── FunctionInvocationError        a function failed; ``retryable`` says whether to try again
     │   ├── RetryableFunctionError     a transient failure: a timeout, a connection refused, a 5xx
     │   └── TerminalFunctionError      retrying cannot help: the function itself is wrong
-    │       └── UndeliverableError     the input cannot be delivered, whatever the policy: it
-    │           │                      goes to the dead letters and the job goes on
-    │           ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
-    │           ├── StateWriteRejectedError a state write whose type is not its spec's
-    │           └── MessageValueError       a function found a message's value invalid
-    │                                       for the message's own type (InvalidValueError)
+    │       ├── UndeliverableError     the input cannot be delivered, whatever the policy: it
+    │       │   │                      goes to the dead letters and the job goes on
+    │       │   ├── FunctionNotFoundError   the endpoint says no such function (HTTP 404/410)
+    │       │   ├── StateWriteRejectedError a state write whose type is not its spec's
+    │       │   └── MessageValueError       a function found a message's value invalid
+    │       │                               for the message's own type (InvalidValueError)
+    │       └── FunctionFailedError    a function raised under statefun.testing's harness
+    │                                  (``__cause__`` is what it raised)
     ├── UnavailableError               a port, a Kafka cluster, a file the job needs cannot be used
     │                                  (also ConnectionError)
     └── JobFailedError                 the job stopped on an error (``__cause__`` says which)
@@ -39,6 +41,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointDamagedError",
     "ConfigurationError",
+    "FunctionFailedError",
     "FunctionInvocationError",
     "FunctionNotFoundError",
     "InvalidFunctionError",
@@ -175,6 +178,11 @@ class UnavailableError(StatefunError, ConnectionError):
     """Something outside the job that it needs cannot be used: a port already in use, a Kafka
     cluster that does not answer, a file that cannot be written. The one-line message names
     it and the part of the job (``ingress <id>``, ``egress <id>``, ``admin server``)."""
+
+
+class FunctionFailedError(TerminalFunctionError):
+    """A function raised while statefun.testing's harness called it: the message names the
+    address and the message, ``__cause__`` is what the function raised."""
 
 
 class JobFailedError(StatefunError):

@@ -3,9 +3,9 @@
 It writes four files into a new (or empty) folder: ``functions.py`` (a greeter that counts
 how often it greeted each id and replies to its caller), ``module.yaml`` (the function
 embedded in the runtime, an HTTP ingress on 127.0.0.1:8090 and a stdout egress, so
-``statefun run`` needs no other process), ``test_functions.py`` (pytest; calls the function
-in-process through the SDK's request-reply handler, bytes in and bytes out, as a runtime
-would) and a ``README.md`` with the commands.
+``statefun run`` needs no other process), ``test_functions.py`` (pytest; runs the function
+in-process with the test kit, ``statefun.testing.FunctionHarness``, as the runtime runs it)
+and a ``README.md`` with the commands.
 """
 
 from __future__ import annotations
@@ -141,71 +141,39 @@ spec:
 """
 
 _TEST = '''\
-"""Tests of functions.py, in this process and without sockets.
-
-A runtime calls a function with a ToFunction message (the address, its state, the messages)
-and gets a FromFunction back: StateFun's request-reply protocol. ``RequestReplyHandler`` is
-that call as bytes in, bytes out, the same code ``statefun serve`` runs behind HTTP.
+"""Tests of functions.py with the test kit (statefun.testing): the function runs in this
+process as the runtime runs it, with no sockets and a virtual clock; what it did comes back
+as plain Python values.
 """
 
 from functions import functions
 
-from statefun import IntType, RequestReplyHandler, StringType
-from statefun.sdk._proto import request_reply_pb2 as pb
+from statefun.testing import EgressRecord, FunctionHarness
 
-handler = RequestReplyHandler(functions)
-
-
-def invoke(name: str, seen: int | None, caller: tuple[str, str, str] | None = None):
-    """Call NAMESPACE/TYPENAME/<name> with the message "hi" and ``seen`` in its state."""
-    request = pb.ToFunction()
-    batch = request.invocation
-    batch.target.namespace, batch.target.type, batch.target.id = "NAMESPACE", "TYPENAME", name
-    state = pb.TypedValue(typename=IntType.typename, has_value=seen is not None)
-    if seen is not None:
-        state.value = IntType.serializer().serialize(seen)
-    batch.state.add(state_name="seen", state_value=state)
-    invocation = batch.invocations.add()
-    invocation.argument.typename = StringType.typename
-    invocation.argument.has_value = True
-    invocation.argument.value = StringType.serializer().serialize("hi")
-    if caller is not None:
-        invocation.caller.namespace, invocation.caller.type, invocation.caller.id = caller
-    reply = pb.FromFunction.FromString(handler.handle_sync(request.SerializeToString()))
-    return reply.invocation_result
-
-
-def text(value: pb.TypedValue) -> str:
-    return StringType.serializer().deserialize(value.value)
+GREETER = "NAMESPACE/TYPENAME"
 
 
 def test_first_greeting_goes_to_the_caller_and_counts() -> None:
-    result = invoke("Ada", None, caller=("example", "client", "c1"))
-    (reply,) = result.outgoing_messages
-    assert (reply.target.namespace, reply.target.type, reply.target.id) == (
-        "example",
-        "client",
-        "c1",
-    )
-    assert text(reply.argument) == "Hello Ada! Nice to meet you."
-    (mutation,) = result.state_mutations
-    assert mutation.state_name == "seen"
-    assert IntType.serializer().deserialize(mutation.state_value.value) == 1
+    harness = FunctionHarness(functions)
+    outcome = harness.call(GREETER, "Ada", "hi")  # as `statefun send ... --call` does
+    assert outcome.reply == "Hello Ada! Nice to meet you."
+    assert harness.state(GREETER, "Ada") == {"seen": 1}
 
 
-def test_later_greetings_use_ordinals() -> None:
-    result = invoke("Ada", 2, caller=("example", "client", "c1"))
-    assert text(result.outgoing_messages[0].argument) == "Hello Ada for the 3rd time!"
-    result = invoke("Ada", 10, caller=("example", "client", "c1"))
-    assert text(result.outgoing_messages[0].argument) == "Hello Ada for the 11th time!"
+def test_later_greetings_use_ordinals(statefun_harness) -> None:
+    harness = statefun_harness(functions)  # the pytest plugin's fixture
+    harness.set_state(GREETER, "Ada", seen=2)
+    assert harness.call(GREETER, "Ada", "hi").reply == "Hello Ada for the 3rd time!"
+    harness.set_state(GREETER, "Ada", seen=10)
+    assert harness.call(GREETER, "Ada", "hi").reply == "Hello Ada for the 11th time!"
 
 
 def test_without_a_caller_the_greeting_goes_to_the_egress_only() -> None:
-    result = invoke("Bob", None)
-    assert not result.outgoing_messages
-    (record,) = result.outgoing_egresses
-    assert (record.egress_namespace, record.egress_type) == ("NAMESPACE", "greetings")
-    assert text(record.argument) == "Hello Bob! Nice to meet you."
+    outcome = FunctionHarness(functions).send(GREETER, "Bob", "hi")
+    assert outcome.messages == [] and outcome.replies == []
+    assert outcome.egress_records == [
+        EgressRecord("NAMESPACE/greetings", "Hello Bob! Nice to meet you.")
+    ]
 '''
 
 _README = """\

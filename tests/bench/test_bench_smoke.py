@@ -110,3 +110,9 @@ def test_statefun_jvm_vs_pystatefun(bootstrap: str) -> None:
     for semantic in ("exactly-once", "at-least-once"):
         for runtime in ("pystatefun", "statefun-jvm"):
             assert f"| {semantic} | {runtime} |" in out, f"{runtime} {semantic} missing:\n{out}"
+
+
+def test_testkit() -> None:
+    out = smoke("testkit.py", timeout=60)
+    for scenario in ("reminder-30d", "reminders-30d-10", "send"):
+        assert f"\n| {scenario} |" in out, f"scenario {scenario} missing:\n{out}"

@@ -1,0 +1,45 @@
+"""The pytest plugin of statefun.testing (entry point ``pytest11``: ``statefun``).
+
+* ``statefun_harness``: a factory fixture, ``statefun_harness(functions, **options)`` gives a
+  ``FunctionHarness``.
+* A failed ``assert outcome == expected`` (two Outcomes) lists the parts that differ, one line
+  each, instead of two long reprs.
+
+pytest loads it in every run where pystatefun is installed, so it imports the kit only when a
+test uses it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from statefun.testing._harness import FunctionHarness
+
+__all__ = ["pytest_assertrepr_compare", "statefun_harness"]
+
+
+@pytest.fixture
+def statefun_harness() -> Callable[..., FunctionHarness]:
+    """A factory: ``statefun_harness(functions, types=..., start=...)`` -> FunctionHarness."""
+    from statefun.testing._harness import FunctionHarness
+
+    def make(functions: Any = None, **options: Any) -> FunctionHarness:
+        return FunctionHarness(functions, **options)
+
+    return make
+
+
+def pytest_assertrepr_compare(config: Any, op: str, left: Any, right: Any) -> list[str] | None:
+    outcomes = sys.modules.get("statefun.testing._outcome")  # no Outcome exists before it
+    if op != "==" or outcomes is None:
+        return None
+    if not (isinstance(left, outcomes.Outcome) and isinstance(right, outcomes.Outcome)):
+        return None
+    from statefun.testing._assertions import explain_difference
+
+    return ["the outcomes differ (expected: right side):", *explain_difference(right, left)]
