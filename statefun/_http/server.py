@@ -468,7 +468,10 @@ class _Connection(asyncio.Protocol):
         return body
 
     def _answer(self, request: Request, body: bytes) -> None:
-        outcome = self.app.handle(request, body)
+        try:
+            outcome = self.app.handle(request, body)
+        except Exception as exc:  # the application's bug: answered, never a hung connection
+            outcome = self._failed(request, exc)
         if isinstance(outcome, Reply):
             self._write(outcome, request.keep_alive, head_only=request.method == "HEAD")
             return
@@ -482,6 +485,8 @@ class _Connection(asyncio.Protocol):
     async def _answer_later(self, outcome: Coroutine[Any, Any, Reply], keep_alive: bool) -> None:
         try:
             reply = await outcome
+        except Exception as exc:
+            reply = self._failed(None, exc)
         finally:
             self.busy = None
         if self.closing:
@@ -491,6 +496,13 @@ class _Connection(asyncio.Protocol):
         if not self.closing and not self.write_paused:
             self.transport.resume_reading()
             self._process()
+
+    def _failed(self, request: Request | None, exc: Exception) -> Reply:
+        """The 500 for a request the application failed on; logged, rate limited."""
+        where = f" {request.method} {request.path}" if request is not None else ""
+        self.server.note("failed", f"request{where} failed: {type(exc).__name__}: {exc}")
+        log.debug("request failed", exc_info=exc)
+        return plain(500, "internal error: the request failed; see the server's log")
 
     def _write(
         self, reply: Reply, keep_alive: bool, head_only: bool = False, linger: bool = False

@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -749,3 +750,39 @@ async def test_a_client_that_does_not_read_stops_being_read(server: RunningServe
             await sending
     finally:
         sock.close()
+
+
+class _Raising(_Fixed):
+    """An application with a bug: the sync path raises, the async one fails when awaited."""
+
+    def handle(self, request: object, body: bytes) -> Any:
+        if getattr(request, "path", "") == "/sync":
+            raise RuntimeError("boom in handle")
+
+        async def later() -> Reply:
+            raise RuntimeError("boom in a coroutine")
+
+        return later()
+
+
+async def test_an_application_that_raises_answers_500_and_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from statefun._http.server import HttpServer
+
+    server = HttpServer(_Raising(), name="test")
+    port = await server.start("127.0.0.1", 0)
+    try:
+        for path in ("/sync", "/async", "/sync"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            await writer.drain()
+            reply = await asyncio.wait_for(read_reply(reader), 10)
+            assert reply.status == 500, path
+            writer.close()
+            await writer.wait_closed()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("boom in handle" in w for w in warnings), warnings
+        assert len(warnings) <= 2  # rate limited: one line per kind and interval
+    finally:
+        await server.close(1.0)
