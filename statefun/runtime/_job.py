@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from statefun._addresses import REPLY_TYPENAME
 from statefun._exceptions import (
     FunctionInvocationError,
     JobFailedError,
@@ -47,25 +48,14 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry, RemoteFunction
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
-from statefun.runtime._timers import TimerService
+from statefun.runtime._timers import TimerService, now_ms
 from statefun.sdk._spec import SdkAddress
+from statefun.state._registry import create_backend
 from statefun.state.base import StateBackend
-from statefun.state.memory import MemoryStateBackend
 
 __all__ = ["REPLY_TYPENAME", "Job"]
 
 log = logging.getLogger(__name__)
-
-#: The caller of a request-reply call over the HTTP ingress; a message sent to it is the reply.
-REPLY_TYPENAME = "pystatefun.http/reply"
-
-
-def _make_state_backend(settings: Settings) -> StateBackend:
-    if settings.state_backend == "rocksdb":
-        from statefun.state.rocksdb import RocksDBStateBackend
-
-        return RocksDBStateBackend(settings.state_dir)
-    return MemoryStateBackend()
 
 
 class Job:
@@ -79,18 +69,23 @@ class Job:
         sources: Iterable[Source] = (),
         sinks: Iterable[Sink] = (),
         state: StateBackend | None = None,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.module = module
         self.settings = settings or Settings()
         self.functions = FunctionRegistry(module)
-        self.state: StateBackend = state or _make_state_backend(self.settings)
+        self.state: StateBackend = state or create_backend(
+            self.settings.state_backend, self.settings.state_dir
+        )
         self.client = RemoteClient(
             max_connections=self.settings.remote_max_connections,
             initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
             max_backoff_ms=self.settings.remote_retry_max_backoff_ms,
             max_response_bytes=self.settings.max_response_bytes,
         )
-        self.timers = TimerService(self._fire_delayed)
+        #: the wall clock (ms since the epoch) of delayed messages and state TTL
+        self.clock = clock
+        self.timers = TimerService(self._fire_delayed, clock)
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
         #: lets a batch keep growing until it can be sent)
         self.remote_slots = asyncio.Semaphore(self.settings.remote_max_connections)
@@ -364,6 +359,30 @@ class Job:
         for dispatcher in self.dispatchers:
             messages.extend(dispatcher.messages())
         return messages
+
+    def counters(self) -> dict[str, int]:
+        """What the admin server's status reports (``runtime/_admin.py``)."""
+        return {
+            "messages_in_flight": self.pending,
+            "remote_messages_in_flight": self.pending_remote,
+            "invocations": sum(d.invocations for d in self.dispatchers),
+            "delayed_messages": len(self.timers),
+            "dead_letters": self.dead_letters,
+            "parallelism": len(self.dispatchers),
+        }
+
+    # -- restoring a checkpoint (statefun.checkpoint.recovery) ------------------------------
+
+    def restored(self, positions: dict[str, Any], sinks: dict[str, Any]) -> None:
+        """The sources' positions and the sinks' transactions to resume from, per id."""
+        self.restored_positions = positions
+        self.restored_sinks = sinks
+
+    def add_state_types(self, typenames: Iterable[str]) -> None:
+        self.state_types.update(typenames)
+
+    def drop_state_type(self, typename: str) -> None:
+        self.state_types.discard(typename)
 
     # -- failures -------------------------------------------------------------------------
 
