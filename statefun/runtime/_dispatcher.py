@@ -22,6 +22,12 @@ more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
+
+The job is seen through ``DispatcherJob`` (below). The module stays whole (about 700 lines):
+intake, mailboxes, the embedded and the remote invocation and applying their results share
+one subtask's mailbox state and form the runtime's hot loop; split into modules, each step
+would reach into another object's fields or pay a call more per message. TTL and the state
+codec live in ``state/_expiring.py``; encoding and decoding the protocol in ``_remote.py``.
 """
 
 from __future__ import annotations

@@ -56,6 +56,12 @@ Snapshots must be written in the order they were taken (writing a later one firs
 earlier one fail). A snapshot released without being written leaves its buffer frozen: the
 next snapshot's ``write()`` applies it and puts its entries in that delta, so none is lost
 (``close()`` and ``restore()`` apply it too, and the next checkpoint materializes).
+
+The module stays whole (about 700 lines, a third of it this description): the backend class
+is one state machine over the write buffer, the frozen buffers and the chain, and the small
+file helpers above it (copying and linking SSTs, installing and replaying a checkpoint) serve
+only it; the delta files and chains are apart already (``_changelog.py``), and so is the
+key and value encoding (``_codec.py``).
 """
 
 from __future__ import annotations
