@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from statefun._addresses import REPLY_NAME, REPLY_NAMESPACE
 from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._http.server import HttpServer, Reply, Request, ServerOptions, media_type, plain
 from statefun._oserrors import listen_error
@@ -46,7 +47,6 @@ __all__ = ["HttpSource"]
 
 log = logging.getLogger(__name__)
 
-REPLY_NAMESPACE, REPLY_NAME = "pystatefun.http", "reply"
 TYPENAME_HEADER = "X-Statefun-Typename"
 _TYPENAME_KEY = TYPENAME_HEADER.lower()  # as Request.headers has it
 

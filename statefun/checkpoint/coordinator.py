@@ -47,10 +47,10 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -69,9 +69,40 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import RemoteFunction
 
 if TYPE_CHECKING:
-    from statefun.runtime._job import Job
+    from statefun._settings import Settings
+    from statefun.egress.base import Sink
+    from statefun.ingress.base import Source
+    from statefun.runtime._functions import FunctionRegistry
+    from statefun.runtime._timers import TimerService
+    from statefun.state.base import StateBackend
 
-__all__ = ["CheckpointCoordinator", "SimulatedCrash", "restore"]
+
+class CheckpointedJob(Protocol):
+    """What taking checkpoints needs of the job (``runtime/_job.py``'s ``Job``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def state(self) -> StateBackend: ...
+    @property
+    def functions(self) -> FunctionRegistry: ...
+    @property
+    def timers(self) -> TimerService: ...
+    @property
+    def sources(self) -> Sequence[Source]: ...
+    @property
+    def sinks(self) -> Mapping[str, Sink]: ...
+    @property
+    def state_types(self) -> Set[str]: ...
+    @property
+    def failed(self) -> bool: ...
+    def messages_in_flight(self) -> list[Envelope]: ...
+    def seal_replies(self) -> list[tuple[str, Any]]: ...
+    def release_replies(self, replies: list[tuple[str, Any]]) -> None: ...
+    def check_sink_backlog(self) -> None: ...
+
+
+__all__ = ["CheckpointCoordinator", "CheckpointedJob", "SimulatedCrash", "restore"]
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +132,7 @@ class CheckpointCoordinator:
 
     def __init__(
         self,
-        job: Job,
+        job: CheckpointedJob,
         storage: CheckpointStorage,
         interval_ms: int,
         savepoint_dir: Path | None = None,

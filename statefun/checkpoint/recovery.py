@@ -26,8 +26,9 @@ A savepoint given by name is restored with ``restore`` alone: damaged, it is an 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -44,14 +45,47 @@ from statefun.checkpoint.verify import relative_reason, verify_files
 from statefun.runtime._functions import RemoteFunction, StateSpec
 
 if TYPE_CHECKING:
-    from statefun.runtime._job import Job
+    from statefun._settings import Settings
+    from statefun.egress.base import Sink
+    from statefun.runtime._envelope import Envelope
+    from statefun.runtime._functions import FunctionRegistry
+    from statefun.runtime._timers import TimerService
+    from statefun.state.base import StateBackend
 
-__all__ = ["restore", "restore_latest"]
+
+class RestorableJob(Protocol):
+    """What restoring a checkpoint needs of the job (``runtime/_job.py``'s ``Job``), before
+    it runs: its parts to fill, and methods for what the job keeps of the checkpoint."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def state(self) -> StateBackend: ...
+    @property
+    def functions(self) -> FunctionRegistry: ...
+    @property
+    def timers(self) -> TimerService: ...
+    @property
+    def sinks(self) -> Mapping[str, Sink]: ...
+    def send(self, envelope: Envelope) -> None: ...
+    def restored(self, positions: dict[str, Any], sinks: dict[str, Any]) -> None:
+        """The sources' positions and the sinks' transactions to resume from, per id."""
+
+    def add_state_types(self, typenames: Iterable[str]) -> None:
+        """Function types that hold state (listed in the next checkpoints)."""
+
+    def drop_state_type(self, typename: str) -> None:
+        """A function type whose state was dropped."""
+
+
+__all__ = ["RestorableJob", "restore", "restore_latest"]
 
 log = logging.getLogger(__name__)
 
 
-def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False) -> None:
+def restore(
+    job: RestorableJob, checkpoint: CompletedCheckpoint, allow_dropping_state: bool = False
+) -> None:
     """Put ``job`` back where ``checkpoint`` was cut (before the job starts running).
 
     ConfigurationError if the checkpoint does not fit the job; CheckpointDamagedError (the
@@ -94,8 +128,7 @@ def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: boo
         job.timers.add(deadline, envelope, sender, token)
     for envelope in messages:
         job.send(envelope)
-    job.restored_positions = dict(metadata.get("positions", {}))
-    job.restored_sinks = sinks
+    job.restored(dict(metadata.get("positions", {})), sinks)
     log.info(
         "restored %s %d from %s: %d message(s) in flight, %d delayed message(s)",
         "savepoint" if checkpoint.is_savepoint else "checkpoint",
@@ -107,7 +140,7 @@ def restore(job: Job, checkpoint: CompletedCheckpoint, allow_dropping_state: boo
 
 
 def restore_latest(
-    job: Job, storage: CheckpointStorage, allow_dropping_state: bool = False
+    job: RestorableJob, storage: CheckpointStorage, allow_dropping_state: bool = False
 ) -> CompletedCheckpoint | None:
     """Restore the newest intact checkpoint in ``storage`` (None: there is none, start empty).
 
@@ -145,7 +178,7 @@ def restore_latest(
 
 
 def _report_fallback(
-    job: Job, checkpoint: CompletedCheckpoint, skipped: list[tuple[Path, str]]
+    job: RestorableJob, checkpoint: CompletedCheckpoint, skipped: list[tuple[Path, str]]
 ) -> None:
     names = ", ".join(folder.name for folder, _ in skipped)
     log.warning(
@@ -178,14 +211,16 @@ def _read_cut(folder: Path) -> tuple[list[Any], list[Any], Any]:
         raise CheckpointDamagedError(str(path), f"does not decode: {exc!r}") from exc
 
 
-def _check_function_types(job: Job, checkpoint: CompletedCheckpoint, allow_dropping: bool) -> None:
+def _check_function_types(
+    job: RestorableJob, checkpoint: CompletedCheckpoint, allow_dropping: bool
+) -> None:
     """State of a function type the module no longer has: an error, or dropped if allowed.
 
     The checkpoint lists the function types that hold state, so the addresses are read only
     when one of them is gone.
     """
     listed = checkpoint.metadata.get("state_types")
-    job.state_types.update(listed or ())
+    job.add_state_types(listed or ())
     if listed is not None and all(job.functions.resolve(t) is not None for t in listed):
         return
     state = job.state
@@ -203,5 +238,5 @@ def _check_function_types(job: Job, checkpoint: CompletedCheckpoint, allow_dropp
             f"{names}; allow dropping it with --allow-dropping-state"
         )
     for typename, count in orphans.items():
-        job.state_types.discard(typename)
+        job.drop_state_type(typename)
         log.warning("dropped the state of %d address(es) of %s", count, typename)

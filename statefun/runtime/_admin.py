@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from statefun._exceptions import UnavailableError
@@ -28,19 +28,33 @@ from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun._oserrors import listen_error
 
 if TYPE_CHECKING:
-    from statefun.runtime._job import Job
+    from statefun._settings import Settings
+    from statefun.checkpoint.coordinator import CheckpointCoordinator
 
-__all__ = ["AdminServer"]
+__all__ = ["AdminJob", "AdminServer"]
 
 log = logging.getLogger(__name__)
 
 _ROUTES = {"/status": "GET", "/savepoints": "POST"}
 
 
+class AdminJob(Protocol):
+    """What the admin server needs of the job (``runtime/_job.py``'s ``Job``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def checkpoints(self) -> CheckpointCoordinator | None: ...
+    def counters(self) -> dict[str, int]:
+        """Messages in flight (all, to remote functions), invocations, delayed messages,
+        dead letters, dispatcher subtasks."""
+        ...
+
+
 class AdminServer:
     max_body_bytes = 1024
 
-    def __init__(self, job: Job, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, job: AdminJob, port: int, host: str = "127.0.0.1") -> None:
         self.job = job
         self.host = host
         self.port = port
@@ -73,12 +87,7 @@ class AdminServer:
         job = self.job
         checkpoints = job.checkpoints
         return {
-            "messages_in_flight": job.pending,
-            "remote_messages_in_flight": job.pending_remote,
-            "invocations": sum(d.invocations for d in job.dispatchers),
-            "delayed_messages": len(job.timers),
-            "dead_letters": job.dead_letters,
-            "parallelism": len(job.dispatchers),
+            **job.counters(),
             "checkpoints": None
             if checkpoints is None
             else {

@@ -22,6 +22,12 @@ more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
+
+The job is seen through ``DispatcherJob`` (below). The module stays whole (about 700 lines):
+intake, mailboxes, the embedded and the remote invocation and applying their results share
+one subtask's mailbox state and form the runtime's hot loop; split into modules, each step
+would reach into another object's fields or pay a call more per message. TTL and the state
+codec live in ``state/_expiring.py``; encoding and decoding the protocol in ``_remote.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from statefun._exceptions import (
     FunctionInvocationError,
@@ -51,47 +57,28 @@ from statefun.runtime._functions import (
     StateSpec,
 )
 from statefun.runtime._remote import decode_from_function, encode_to_function, invocation
-from statefun.runtime._timers import now_ms
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
-from statefun.state.base import AddressKey, StateValues
+from statefun.state._expiring import ExpiringValue
+from statefun.state._expiring import live_values as _live_values
+from statefun.state.base import AddressKey
 
 if TYPE_CHECKING:
-    from statefun.runtime._job import Job
+    from statefun._settings import Settings
+    from statefun.runtime._functions import FunctionRegistry
+    from statefun.runtime._remote import RemoteClient
+    from statefun.runtime._timers import TimerService
+    from statefun.state.base import StateBackend
 
-__all__ = ["Dispatcher", "ExpiringValue"]
+__all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue"]
 
 log = logging.getLogger(__name__)
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 _MAX_SPEC_ROUNDS = 3
-
-
-class ExpiringValue:
-    """A state value with an expiration deadline (ms since the epoch); reads like a TypedValue."""
-
-    __slots__ = ("deadline_ms", "has_value", "typename", "value")
-
-    def __init__(self, typed: Any, deadline_ms: int) -> None:
-        self.typename = typed.typename
-        self.has_value = typed.has_value
-        self.value = typed.value
-        self.deadline_ms = deadline_ms
-
-    def __repr__(self) -> str:
-        return f"ExpiringValue({self.typename!r}, {self.value!r}, until={self.deadline_ms})"
-
-
-def _live_values(stored: StateValues | None, now: int) -> dict[str, Any]:
-    """A copy of ``stored`` without the values whose expiration has passed."""
-    if not stored:
-        return {}
-    return {
-        k: v for k, v in stored.items() if not (type(v) is ExpiringValue and v.deadline_ms <= now)
-    }
 
 
 def _with_deadlines(
@@ -128,12 +115,61 @@ class _Held:
             self._release(self._count)
 
 
+class DispatcherJob(Protocol):
+    """What a dispatcher needs of the job it runs in (``runtime/_job.py``'s ``Job``).
+
+    The job owns ``state_types`` (function types that ever held state here) and ``isolated``
+    (messages a quarantine sends one by one); a dispatcher adds to and takes from them.
+    """
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def functions(self) -> FunctionRegistry: ...
+    @property
+    def state(self) -> StateBackend: ...
+    @property
+    def state_types(self) -> set[str]: ...
+    @property
+    def isolated(self) -> set[Envelope]: ...
+    @property
+    def remote_slots(self) -> asyncio.Semaphore: ...
+    @property
+    def timers(self) -> TimerService: ...
+    @property
+    def client(self) -> RemoteClient: ...
+    @property
+    def clock(self) -> Callable[[], int]: ...
+
+    # routing and admission (keyBy, the sources' gate)
+    def send(self, envelope: Envelope) -> None: ...
+    def release(self, count: int) -> None: ...
+    def release_remote(self, count: int) -> None: ...
+    def batch_limit(self, typename: str) -> int: ...
+    def note_mailbox(self, key: AddressKey, size: int) -> None: ...
+    def mailbox_taken(self, key: AddressKey, size: int) -> None: ...
+
+    # outputs and failures
+    def egress(self, egress_id: str, values: list[Any]) -> None: ...
+    def dead_letter(self, batch: list[Envelope], reason: str) -> None: ...
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None: ...
+    def on_failure(
+        self,
+        typename: str,
+        batch: list[Envelope],
+        error: FunctionInvocationError,
+        cause: BaseException | None = None,
+    ) -> list[Envelope]: ...
+    def fail(self, error: BaseException) -> None: ...
+
+
 class Dispatcher:
     """One dispatcher subtask."""
 
-    def __init__(self, index: int, job: Job) -> None:
+    def __init__(self, index: int, job: DispatcherJob) -> None:
         self.index = index
         self.job = job
+        self._clock = job.clock  # ms since the epoch: the TTL deadlines
         self.inbox: deque[tuple[Envelope, int]] = deque()
         #: addresses with a batch in flight -> the messages waiting for the next batch
         self.busy: dict[AddressKey, deque[Envelope]] = {}
@@ -281,7 +317,7 @@ class Dispatcher:
         stored = self.job.state.get(key_group, key)
         now = 0
         if function.has_ttl:
-            now = now_ms()
+            now = self._clock()
             values = _live_values(stored, now)
         else:
             values = dict(stored) if stored else {}
@@ -519,7 +555,7 @@ class Dispatcher:
         job = self.job
         typename, id_ = key
         for _ in range(_MAX_SPEC_ROUNDS):
-            now = now_ms()
+            now = self._clock()
             stored = job.state.get(key_group, key)
             values = _live_values(stored, now) if function.has_ttl else dict(stored or {})
             if values and self._mistyped(function, values):

@@ -12,6 +12,14 @@
    delayed messages to the timer service, egress records to the sinks.
 4. The job ends when it is stopped (SIGINT/SIGTERM, ``stop()``), when it fails, or - when
    every source is bounded - once every source is exhausted and nothing is in flight.
+
+The parts it wires: ``Router`` (``_router.py``: keyBy, and as an ``Admission``,
+``_admission.py``, the in-flight counts and the sources' gate), ``Outputs`` (``_outputs.py``:
+sinks, replies, dead letters), the dispatchers, the timer service, the state backend and the
+checkpoint coordinator. The job lends the router's and the outputs' methods as its own
+(``job.send is job.router.send``), so a dispatcher's call costs no extra hop. Dispatchers, the
+checkpoint coordinator, recovery and the admin server see the job through the Protocols they
+define (``DispatcherJob``, ``CheckpointedJob``, ``RestorableJob``, ``AdminJob``).
 """
 
 from __future__ import annotations
@@ -21,18 +29,17 @@ import contextlib
 import gc
 import logging
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from statefun._addresses import REPLY_TYPENAME
 from statefun._exceptions import (
     FunctionInvocationError,
     JobFailedError,
     MessageValueError,
-    ModuleError,
     UndeliverableError,
 )
-from statefun._keygroups import key_group_for, subtask_for_key_group
 from statefun._oserrors import describe as describe_os_error
 from statefun._settings import Settings
 from statefun.checkpoint.coordinator import CheckpointCoordinator, SimulatedCrash
@@ -41,33 +48,23 @@ from statefun.checkpoint.storage import CheckpointStorage, read_checkpoint
 from statefun.egress.base import Sink
 from statefun.ingress.base import Source
 from statefun.module._specs import ModuleSpec
-from statefun.runtime._deadletters import DeadLetterFile
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._functions import FunctionRegistry, RemoteFunction
+from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._outputs import Outputs
 from statefun.runtime._probe import probe_endpoints
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
-from statefun.runtime._timers import TimerService
+from statefun.runtime._router import Router
+from statefun.runtime._timers import TimerService, now_ms
 from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
+from statefun.state._registry import create_backend
 from statefun.state.base import StateBackend
-from statefun.state.memory import MemoryStateBackend
 
 __all__ = ["REPLY_TYPENAME", "Job"]
 
 log = logging.getLogger(__name__)
-
-#: The caller of a request-reply call over the HTTP ingress; a message sent to it is the reply.
-REPLY_TYPENAME = "pystatefun.http/reply"
-
-
-def _make_state_backend(settings: Settings) -> StateBackend:
-    if settings.state_backend == "rocksdb":
-        from statefun.state.rocksdb import RocksDBStateBackend
-
-        return RocksDBStateBackend(settings.state_dir)
-    return MemoryStateBackend()
 
 
 class Job:
@@ -81,11 +78,14 @@ class Job:
         sources: Iterable[Source] = (),
         sinks: Iterable[Sink] = (),
         state: StateBackend | None = None,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.module = module
         self.settings = settings or Settings()
         self.functions = FunctionRegistry(module)
-        self.state: StateBackend = state or _make_state_backend(self.settings)
+        self.state: StateBackend = state or create_backend(
+            self.settings.state_backend, self.settings.state_dir
+        )
         self.client = RemoteClient(
             max_connections=self.settings.remote_max_connections,
             initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
@@ -95,51 +95,53 @@ class Job:
         )
         #: why a /call over the HTTP ingress got no reply in time (asked on its timeout)
         self.unanswered_calls = UnansweredCalls(self, REPLY_TYPENAME)
-        self.timers = TimerService(self._fire_delayed)
+        #: the wall clock (ms since the epoch) of delayed messages and state TTL
+        self.clock = clock
+        self.timers = TimerService(self._fire_delayed, clock)
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
         #: lets a batch keep growing until it can be sent)
         self.remote_slots = asyncio.Semaphore(self.settings.remote_max_connections)
-        p, max_p = self.settings.parallelism, self.settings.max_parallelism
-        self.dispatchers = [Dispatcher(i, self) for i in range(p)]
-        self._subtask_of = [
-            self.dispatchers[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)
-        ]
         self.sources = list(sources)
-        self.sinks: dict[str, Sink] = {}
-        for sink in sinks:
-            if sink.egress_id in self.sinks:
-                raise ModuleError(f"two sinks for egress {sink.egress_id!r}")
-            self.sinks[sink.egress_id] = sink
-        self.replies: dict[str, asyncio.Future[Any]] = {}
-        #: messages inside the runtime; of them, to remote functions (limited apart)
-        self.pending = 0
-        self.pending_remote = 0
-        #: per function typename: (a remote function?, its batch limit); see _kind
-        self._kinds: dict[str, tuple[bool, int]] = {}
-        self.dead_letters = 0
-        self.dead_letter_file = DeadLetterFile(
-            self.settings.dead_letter_path, self.settings.dead_letter_max_bytes
+        self._changed = asyncio.Event()
+        #: egress sinks, replies, dead letters
+        self.outputs = Outputs(self.settings, sinks)
+        self.sinks = self.outputs.sinks
+        self.replies = self.outputs.replies
+        self.dead_letter_file = self.outputs.dead_letter_file
+        self.egress = self.outputs.egress
+        self.dead_letter = self.outputs.dead_letter
+        self.dead_letter_record = self.outputs.dead_letter_record
+        self.seal_replies = self.outputs.seal_replies
+        self.held_replies = self.outputs.held_replies
+        self.release_replies = self.outputs.release_replies
+        #: keyBy and admission (the in-flight counts, the sources' gate)
+        self.router = router = Router(
+            self.settings, self.functions, self._changed, self.outputs.reply
         )
+        self.send = router.send
+        self.emit = router.emit
+        self.emit_many = router.emit_many
+        self.release = router.release
+        self.release_remote = router.release_remote
+        self.note_mailbox = router.note_mailbox
+        self.mailbox_taken = router.mailbox_taken
+        self.batch_limit = router.batch_limit
+        self._room = router.room
+        self._overfull_mailboxes = router.overfull_mailboxes
+        self._subtask_of = router.subtask_of
+        self.dispatchers = [Dispatcher(i, self) for i in range(self.settings.parallelism)]
+        router.connect(self.dispatchers)
         #: failures that stopped the job, remembered across restarts (on with checkpoints)
         self.quarantine = Quarantine(None, 0)
         #: messages a quarantine suspects: each goes to its function in a batch of its own
         self.isolated: set[Envelope] = set()
-        self._room = asyncio.Event()
-        self._room.set()
-        self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
-        #: addresses whose mailbox is past its batch limit: sources wait until batches take them
-        #: back within it (note_mailbox, mailbox_taken)
-        self._overfull_mailboxes: set[tuple[str, str]] = set()
-        self._sinks_full = False
-        self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: function types that ever held state here (listed in checkpoints)
         self.state_types: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: list[asyncio.Task[None]] = []
         self._sources_done = 0
-        self._missing_egress_logged: set[str] = set()
         # Checkpoints (statefun.checkpoint): on when settings.checkpoint_dir is set.
         self.checkpoints: CheckpointCoordinator | None = None
         self.restore_from: Path | None = None  # a savepoint/checkpoint folder to start from
@@ -147,10 +149,7 @@ class Job:
         self.checkpoint_hook: Callable[[str, int], None] | None = None
         self.restored_positions: dict[str, Any] = {}
         self.restored_sinks: dict[str, Any] = {}
-        self._hold_replies = False
-        self._unreleased_replies: list[tuple[str, Any]] = []
         self._crashed = False
-        self._auto_commit = 0
         self.admin: Any = None
         self.stopped_by_user = False
 
@@ -163,6 +162,28 @@ class Job:
             await self._room.wait()
         self.send(Envelope(typename, id_, value, caller))
 
+    @property
+    def pending(self) -> int:
+        """Messages inside the runtime (``pending_remote`` of them to remote functions)."""
+        return self.router.pending
+
+    @pending.setter
+    def pending(self, count: int) -> None:
+        self.router.pending = count
+
+    @property
+    def pending_remote(self) -> int:
+        return self.router.pending_remote
+
+    @pending_remote.setter
+    def pending_remote(self, count: int) -> None:
+        self.router.pending_remote = count
+
+    @property
+    def dead_letters(self) -> int:
+        """Dead letters written since the job started."""
+        return self.outputs.dead_letters
+
     async def room(self) -> None:
         while not self._room.is_set():
             await self._room.wait()
@@ -170,198 +191,15 @@ class Job:
     def has_room(self) -> bool:
         return self._room.is_set()
 
-    def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
-        self.send(Envelope(typename, id_, value, caller))
-
-    def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
-        """Send ``messages[start:]`` (``(id, value)`` pairs, from no caller) to ``typename``, in
-        order, while there is room: the index of the first one not sent (``len(messages)``:
-        all of them). The same as ``has_room()`` then ``emit`` for each, with ``send`` inlined
-        (a Kafka ingress's hot path: a polled batch's records mostly go to one function type);
-        keep the two in step (tests/unit/test_job_emit_many.py compares them).
-        """
-        if typename == REPLY_TYPENAME:  # HTTP replies (no source sends them): as ``emit``
-            for index in range(start, len(messages)):
-                if not self._room.is_set():
-                    return index
-                id_, value = messages[index]
-                self.emit(typename, id_, value)
-            return len(messages)
-        remote, _ = self._kinds.get(typename) or self._kind(typename)
-        settings = self.settings
-        limit = (
-            settings.max_in_flight_remote_messages if remote else settings.max_in_flight_messages
-        )
-        room = self._room
-        key_groups = self._key_groups
-        subtask_of = self._subtask_of
-        # the counts in flight, kept here and written back (offer() does not read them)
-        pending, pending_remote = self.pending, self.pending_remote
-        try:
-            for index in range(start, len(messages)):
-                if not room.is_set():
-                    return index
-                id_, value = messages[index]
-                address = (typename, id_)
-                key_group = key_groups.get(address)
-                if key_group is None:
-                    key_group = self._new_key_group(address)
-                pending += 1
-                if remote:
-                    pending_remote += 1
-                    if pending_remote >= limit:
-                        room.clear()
-                elif pending - pending_remote >= limit:
-                    room.clear()
-                subtask_of[key_group].offer(
-                    Envelope(typename, id_, value, None), key_group, address
-                )
-        finally:
-            self.pending, self.pending_remote = pending, pending_remote
-        return len(messages)
-
     def is_function_type(self, typename: str) -> bool:
         return self.functions.resolve(typename) is not None
-
-    # -- keyBy and the feedback channel ---------------------------------------------------
-
-    def send(self, envelope: Envelope) -> None:
-        """Route a message to the dispatcher that owns its address (never waits)."""
-        typename = envelope.typename
-        if typename == REPLY_TYPENAME:
-            self._reply(envelope)
-            return
-        address = (typename, envelope.id)
-        key_group = self._key_groups.get(address)
-        if key_group is None:
-            key_group = self._new_key_group(address)
-        self.pending += 1
-        if (self._kinds.get(typename) or self._kind(typename))[0]:
-            self.pending_remote += 1
-            full = self.pending_remote >= self.settings.max_in_flight_remote_messages
-        else:
-            full = self.pending - self.pending_remote >= self.settings.max_in_flight_messages
-        if full and self._room.is_set():
-            self._room.clear()
-        self._subtask_of[key_group].offer(envelope, key_group, address)
-
-    def _new_key_group(self, address: tuple[str, str]) -> int:
-        """The key group of ``address`` (typename, id), computed and kept in the cache, which
-        ``send`` and ``emit_many`` read first (bounded: cleared when full)."""
-        if len(self._key_groups) >= 100_000:
-            self._key_groups.clear()
-        key_group = key_group_for(*address, self.settings.max_parallelism)
-        self._key_groups[address] = key_group
-        return key_group
-
-    def release(self, count: int) -> None:
-        """``count`` messages (not to remote functions) finished processing."""
-        self.pending -= count
-        if not self._room.is_set():
-            self._open_room_if_due()
-        if self.pending == 0:
-            self._changed.set()
-
-    def release_remote(self, count: int) -> None:
-        """``count`` messages to a remote function finished processing."""
-        self.pending_remote -= count
-        self.release(count)
-
-    def _open_room_if_due(self) -> None:
-        """Let the sources go on once nothing holds them: no overfull mailbox, no full sink,
-        and messages in flight down to 80% of ``max_in_flight_messages`` (to embedded
-        functions) and of ``max_in_flight_remote_messages`` (to remote ones)."""
-        settings = self.settings
-        if (
-            not self._overfull_mailboxes
-            and not self._sinks_full
-            and self.pending - self.pending_remote <= settings.max_in_flight_messages * 0.8
-            and self.pending_remote <= settings.max_in_flight_remote_messages * 0.8
-        ):
-            self._room.set()
-
-    def note_mailbox(self, key: tuple[str, str], size: int) -> None:
-        """The mailbox of ``key`` (typename, id) grew to ``size``: past its batch limit,
-        sources wait until a batch takes it back within the limit (:meth:`mailbox_taken`)."""
-        if size > self.batch_limit(key[0]) and key not in self._overfull_mailboxes:
-            self._overfull_mailboxes.add(key)
-            self._room.clear()
-
-    def mailbox_taken(self, key: tuple[str, str], size: int) -> None:
-        """A batch was taken from the mailbox of ``key``, leaving ``size`` messages (0 also
-        when the mailbox is gone)."""
-        if key in self._overfull_mailboxes and size <= self.batch_limit(key[0]):
-            self._overfull_mailboxes.discard(key)
-            if not self._overfull_mailboxes:
-                self._open_room_if_due()
-
-    def batch_limit(self, typename: str) -> int:
-        """The most messages one batch to ``typename`` carries (``maxNumBatchRequests``)."""
-        return (self._kinds.get(typename) or self._kind(typename))[1]
-
-    def _kind(self, typename: str) -> tuple[bool, int]:
-        """Whether ``typename`` is a remote function's, and its batch limit (cached: both are
-        asked for every message)."""
-        function = self.functions.resolve(typename)
-        kind = (
-            (True, function.max_batch) if isinstance(function, RemoteFunction) else (False, 1_000)
-        )
-        if len(self._kinds) >= 10_000:
-            self._kinds.clear()
-        self._kinds[typename] = kind
-        return kind
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)
         if not self.timers:
             self._changed.set()
 
-    # -- output ---------------------------------------------------------------------------
-
-    def egress(self, egress_id: str, values: list[Any]) -> None:
-        """Typed values (in order) for the egress ``egress_id``."""
-        sink = self.sinks.get(egress_id)
-        if sink is None:
-            if egress_id not in self._missing_egress_logged:
-                self._missing_egress_logged.add(egress_id)
-                log.error(
-                    "no egress %r in the module; its records go to the dead letters", egress_id
-                )
-            record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
-            self._write_dead_letters([(record, value) for value in values])
-            return
-        sink.write_many(values)
-
-    def _reply(self, envelope: Envelope) -> None:
-        if self._hold_replies:
-            if not self._unreleased_replies and self.checkpoints is not None:
-                self.checkpoints.request_soon(self.settings.reply_checkpoint_delay_ms)
-            self._unreleased_replies.append((envelope.id, envelope.value))
-        else:
-            self._release_reply(envelope.id, envelope.value)
-
-    def _release_reply(self, request_id: str, value: Any) -> None:
-        future = self.replies.pop(request_id, None)
-        if future is None or future.done():
-            log.warning("reply for request %s arrived after its caller left", request_id)
-            return
-        future.set_result(value)
-
-    def seal_replies(self) -> list[tuple[str, Any]]:
-        """At a checkpoint's cut: the replies produced since the last cut (released when the
-        checkpoint completes). The dead letters written since are made durable here too: once
-        the checkpoint completes their messages are not replayed."""
-        self.dead_letter_file.sync()
-        sealed, self._unreleased_replies = self._unreleased_replies, []
-        return sealed
-
-    def held_replies(self) -> list[tuple[str, Any]]:
-        """The replies produced since the last cut, still held (request id, value); read-only."""
-        return list(self._unreleased_replies)
-
-    def release_replies(self, replies: list[tuple[str, Any]]) -> None:
-        for request_id, value in replies:
-            self._release_reply(request_id, value)
+    # -- what checkpoints and the admin server read ----------------------------------------
 
     def messages_in_flight(self) -> list[Envelope]:
         """Every message inside the runtime, per address in processing order."""
@@ -369,6 +207,30 @@ class Job:
         for dispatcher in self.dispatchers:
             messages.extend(dispatcher.messages())
         return messages
+
+    def counters(self) -> dict[str, int]:
+        """What the admin server's status reports (``runtime/_admin.py``)."""
+        return {
+            "messages_in_flight": self.pending,
+            "remote_messages_in_flight": self.pending_remote,
+            "invocations": sum(d.invocations for d in self.dispatchers),
+            "delayed_messages": len(self.timers),
+            "dead_letters": self.dead_letters,
+            "parallelism": len(self.dispatchers),
+        }
+
+    # -- restoring a checkpoint (statefun.checkpoint.recovery) ------------------------------
+
+    def restored(self, positions: dict[str, Any], sinks: dict[str, Any]) -> None:
+        """The sources' positions and the sinks' transactions to resume from, per id."""
+        self.restored_positions = positions
+        self.restored_sinks = sinks
+
+    def add_state_types(self, typenames: Iterable[str]) -> None:
+        self.state_types.update(typenames)
+
+    def drop_state_type(self, typename: str) -> None:
+        self.state_types.discard(typename)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -429,43 +291,6 @@ class Job:
         self.fail(error)
         return []
 
-    def dead_letter(self, batch: list[Envelope], reason: str) -> None:
-        """Messages that cannot be delivered: to the dead-letter file (one ERROR line each,
-        rate limited); a request-reply caller waiting for one hears the reason at once."""
-        records = []
-        limiter = self.dead_letter_file.limiter
-        for envelope in batch:
-            if limiter.allow():
-                log.error("dead letter to %s/%s: %s", envelope.typename, envelope.id, reason)
-            caller = envelope.caller
-            record = {
-                "target": envelope.typename,
-                "id": envelope.id,
-                "caller": caller.typename + "/" + caller.id if caller else None,
-                "reason": reason,
-            }
-            records.append((record, envelope.value))
-        seqs = self._write_dead_letters(records)
-        for envelope, seq in zip(batch, seqs, strict=True):
-            caller = envelope.caller
-            if caller is not None and caller.typename == REPLY_TYPENAME:
-                future = self.replies.pop(caller.id, None)
-                if future is not None and not future.done():
-                    future.set_exception(UndeliverableError(f"dead letter {seq}: {reason}"))
-
-    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
-        """Something other than a message (an ingress record, a state value) that goes to
-        the dead letters; ``fields`` say what and why (``reason``). Logged (rate limited)."""
-        if self.dead_letter_file.limiter.allow():
-            log.error("dead letter: %s", fields.get("reason"))
-        self._write_dead_letters([(fields, value)])
-
-    def _write_dead_letters(self, records: list[tuple[dict[str, Any], Any]]) -> list[int]:
-        """Append records (with their values) to the dead-letter file, in one open."""
-        seqs = self.dead_letter_file.append(records)
-        self.dead_letters += len(seqs)
-        return seqs
-
     @property
     def failed(self) -> bool:
         """Whether the job failed (it is stopping; no checkpoint may be cut any more)."""
@@ -515,7 +340,7 @@ class Job:
 
     def _idle_with_output(self) -> bool:
         """Nothing in flight, and an exactly-once egress holds records no cut sealed yet."""
-        return self.pending == 0 and any(sink.unsealed() for sink in self.sinks.values())
+        return self.router.pending == 0 and self.outputs.unsealed()
 
     def _setup_checkpoints(self) -> None:
         settings = self.settings
@@ -530,10 +355,12 @@ class Job:
             storage.root / "quarantine.json", settings.quarantine_after_failures
         )
         savepoints = Path(settings.savepoint_dir) if settings.savepoint_dir else None
-        self.checkpoints = CheckpointCoordinator(
+        self.checkpoints = checkpoints = CheckpointCoordinator(
             self, storage, settings.checkpoint_interval_ms, savepoints, self.checkpoint_hook
         )
-        self._hold_replies = settings.reply_release == "on-checkpoint"
+        if settings.reply_release == "on-checkpoint":
+            delay = settings.reply_checkpoint_delay_ms
+            self.outputs.hold_replies(lambda: checkpoints.request_soon(delay))
         if self.restore_from:
             restore(self, read_checkpoint(self.restore_from), self.allow_dropping_state)
         else:  # the newest intact checkpoint, skipping damaged ones
@@ -615,25 +442,12 @@ class Job:
     def check_sink_backlog(self) -> None:
         """Close the sources' gate while a sink holds too many records; open it after."""
         limit = self.settings.max_egress_backlog
-        full = any(sink.backlog() > limit for sink in self.sinks.values())
-        if full and not self._sinks_full:
+        full = self.outputs.backlog_over(limit)
+        if self.router.sinks_full(full) and full:
             log.info("an egress holds more than %d records: ingresses wait for a commit", limit)
-            self._sinks_full = True
-            self._room.clear()
-        elif not full and self._sinks_full:
-            self._sinks_full = False
-            self._open_room_if_due()
 
     async def _flush_sinks(self) -> None:
-        for sink in self.sinks.values():
-            if not sink.transactional or self.checkpoints is not None:
-                # A transactional sink may send into its open transaction (Kafka does).
-                await sink.flush()
-            else:
-                # No checkpoints: a transactional sink commits what it has at every flush.
-                self._auto_commit += 1
-                sink.pre_commit(self._auto_commit)
-                await sink.commit(self._auto_commit)
+        await self.outputs.flush_sinks(self.checkpoints is not None)
 
     async def _shutdown(self) -> None:
         for task in self._source_tasks:
@@ -676,17 +490,12 @@ class Job:
         else:
             await self._flush_sinks()
         self.timers.stop()
-        for future in self.replies.values():
-            if not future.done():
-                future.cancel()
+        self.outputs.cancel_replies()
         for source in self.sources:
             await source.close()
-        for sink in self.sinks.values():
-            await sink.close()
+        await self.outputs.close()
         await self.client.close()
         if self.admin is not None:
             await self.admin.close()
         self.state.close()
-        self.dead_letter_file.sync()
-        self.dead_letter_file.limiter.flush()
         log.info("job stopped: %d message(s) still in flight", self.pending)

@@ -17,22 +17,47 @@ runtime, kept for a short while, so that many calls timing out together cost one
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from statefun.runtime._functions import RemoteFunction
-
-if TYPE_CHECKING:
-    from statefun.runtime._job import Job
 
 __all__ = ["UnansweredCalls"]
 
 _FRESH_S = 0.5
 
 
+class _Dispatcher(Protocol):
+    def callers_waiting(self, reply_typename: str) -> dict[str, str]: ...
+
+
+class _Client(Protocol):
+    def trouble(self, url: str) -> Any: ...
+
+
+class _Functions(Protocol):
+    def resolve(self, typename: str) -> Any: ...
+
+
+class UnansweredJob(Protocol):
+    """What the explanation reads of the job."""
+
+    @property
+    def dispatchers(self) -> Sequence[_Dispatcher]: ...
+
+    @property
+    def functions(self) -> _Functions: ...
+
+    @property
+    def client(self) -> _Client: ...
+
+    def held_replies(self) -> Iterable[tuple[str, Any]]: ...
+
+
 class UnansweredCalls:
     """Explains, per request id, why a /call has no reply (see the module docstring)."""
 
-    def __init__(self, job: Job, reply_typename: str) -> None:
+    def __init__(self, job: UnansweredJob, reply_typename: str) -> None:
         self._job = job
         self._reply_typename = reply_typename
         self._where: dict[str, str] = {}

@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 
 from statefun.sdk._types import TypedValue
+from statefun.state._expiring import ExpiringValue
 from statefun.state.base import AddressKey
 
 __all__ = [
@@ -40,18 +41,6 @@ MAX_KEY_GROUPS = 1 << 16
 
 _HEAD = struct.Struct(">HH")  # key group, length of the typename in bytes
 _GROUP = struct.Struct(">H")
-
-_expiring_class: Any = None
-
-
-def _expiring() -> Any:
-    # The class lives in the runtime, which imports this package: look it up on first use.
-    global _expiring_class
-    if _expiring_class is None:
-        from statefun.runtime._dispatcher import ExpiringValue
-
-        _expiring_class = ExpiringValue
-    return _expiring_class
 
 
 def values_to_wire(values: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -97,13 +86,10 @@ def pack_entries(entries: Iterator[tuple[AddressKey, Mapping[str, Any]]], count:
 def values_from_wire(wire: Mapping[str, Any]) -> dict[str, Any]:
     """The values dict that ``values_to_wire`` was given (fresh objects)."""
     values: dict[str, Any] = {}
-    expiring = None
     for name, item in wire.items():
         typed = TypedValue(item[0], item[1])
         if len(item) > 2:
-            if expiring is None:
-                expiring = _expiring()
-            values[name] = expiring(typed, item[2])
+            values[name] = ExpiringValue(typed, item[2])
         else:
             values[name] = typed
     return values

@@ -25,9 +25,10 @@ from statefun._checksums import HashingWriter
 from statefun._exceptions import CheckpointDamagedError
 from statefun._files import fsync_dir, synced_file
 from statefun.state._codec import pack_entries, values_from_wire
+from statefun.state._registry import BackendKind, read_snapshot
 from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
 
-__all__ = ["MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
+__all__ = ["KIND", "MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,7 @@ class MemoryStateBackend(StateBackend):
         full collections would only walk them again and again (about twice the time).
         """
         started = time.perf_counter()
-        if manifest.get("backend") == "rocksdb":
-            from statefun.state.rocksdb import read_rocksdb_snapshot
-
-            entries = read_rocksdb_snapshot(directory, manifest, key_groups)
-        else:
-            entries = read_memory_snapshot(directory, manifest, key_groups)
+        entries = read_snapshot(directory, manifest, key_groups)
         count = 0
         groups = self._groups
         collecting = gc.isenabled()
@@ -239,3 +235,7 @@ def read_memory_snapshot(
         raise CheckpointDamagedError(str(path), "missing") from None
     except Exception as exc:  # whatever the bytes make msgpack or the decoding raise
         raise CheckpointDamagedError(str(path), f"does not decode: {exc!r}") from exc
+
+
+#: the registry's entry (``state/_registry.py``)
+KIND = BackendKind(lambda _state_dir: MemoryStateBackend(), read_memory_snapshot)

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statefun._exceptions import FunctionFailedError, InvalidSpecError, UnknownFunctionError
-from statefun.runtime._dispatcher import _live_values, _with_deadlines
+from statefun.runtime._dispatcher import _with_deadlines
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import StateSpec
 from statefun.runtime._timers import TimerService
@@ -34,6 +34,7 @@ from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._storage import storage_mutations
 from statefun.sdk._types import Type, TypedValue, validate_typename
+from statefun.state._expiring import live_values as _live_values
 from statefun.testing._outcome import Delayed, EgressRecord, Outcome, Sent
 from statefun.testing._remote import Effects, RemoteCall, SdkProcess, call_remote
 from statefun.testing._values import TypeTable

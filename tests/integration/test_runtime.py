@@ -58,6 +58,8 @@ class ScriptSource(Source):
         for step in self.script:
             if step[0] == "sleep":
                 await asyncio.sleep(step[1])
+            elif step[0] == "do":
+                step[1]()
             else:
                 await context.submit(step[0], step[1], string(step[2]))
 
@@ -193,6 +195,45 @@ async def test_expire_after_write(where: str, remote_url: str) -> None:
     ]
     values = await run_job(ModuleSpec(endpoints=(endpoint,)), script)
     assert values == ["value=v1", "value=None"]
+
+
+class ManualClock:
+    """A wall clock (ms since the epoch) that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.mark.parametrize("where", ["embedded", "remote"])
+async def test_ttl_reads_the_jobs_clock(where: str, remote_url: str) -> None:
+    """State TTL and delayed messages share the job's clock: while it stands still nothing
+    expires, however long the wait; once it moves past the TTL, the value is gone."""
+    endpoint = embedded() if where == "embedded" else remote(remote_url)
+    clock = ManualClock()
+    script = [
+        ("test/ttl", "k", "set:v1"),
+        ("sleep", 0.5),  # longer than the TTL (300 ms) on the real clock
+        ("test/ttl", "k", "get"),
+        ("sleep", 0.2),
+        ("do", lambda: clock.advance(1_000)),
+        ("test/ttl", "k", "get"),
+    ]
+    sink = ListSink()
+    job = Job(
+        ModuleSpec(endpoints=(endpoint,)),
+        Settings(),
+        sources=[ScriptSource(script)],
+        sinks=[sink],
+        clock=clock,
+    )
+    await asyncio.wait_for(job.run(), 30)
+    assert sink.values == ["value=v1", "value=None"]
 
 
 async def test_unknown_function_type_goes_to_dead_letters(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-"""The state backend contract: every test runs on the memory and the RocksDB backend."""
+"""The state backend contract: every test runs on the memory, the RocksDB and a toy backend
+(``tests/toy_state.py``, a dict-backed one registered by that module). Without ``rocksdict``
+only the RocksDB cases skip."""
 
 from __future__ import annotations
 
@@ -14,12 +16,21 @@ from typing import Any
 import pytest
 
 from statefun._checksums import file_sum
-from statefun.runtime._dispatcher import ExpiringValue, _live_values
 from statefun.sdk._types import TypedValue
+from statefun.state._expiring import ExpiringValue
+from statefun.state._expiring import live_values as _live_values
+from statefun.state._registry import create_backend
 from statefun.state.base import AddressKey, StateBackend
 from statefun.state.memory import MemoryStateBackend
+from tests import toy_state
 
-rocksdb = pytest.importorskip("statefun.state.rocksdb")
+try:
+    from statefun.state import rocksdb
+except ImportError:  # rocksdict is not installed: the rocksdb cases skip
+    rocksdb = None  # type: ignore[assignment]
+
+needs_rocksdb = pytest.mark.skipif(rocksdb is None, reason="rocksdict is not installed")
+ROCKSDB = pytest.param("rocksdb", marks=needs_rocksdb)
 
 INT = "io.statefun.types/int"
 STR = "io.statefun.types/string"
@@ -28,14 +39,14 @@ Make = Callable[..., StateBackend]
 
 
 def _make(kind: str, path: Path) -> StateBackend:
-    if kind == "memory":
-        return MemoryStateBackend()
+    if kind != "rocksdb":
+        return create_backend(kind, str(path))
     # A tiny write buffer so that the tests go through RocksDB itself, not only the buffer.
     backend: StateBackend = rocksdb.RocksDBStateBackend(path, flush_every=3)
     return backend
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+@pytest.fixture(params=["memory", ROCKSDB, toy_state.NAME])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
     created: list[StateBackend] = []
 
@@ -278,7 +289,7 @@ def test_restore_a_subset_of_key_groups(make: Make, tmp_path: Path) -> None:
     assert dump(merged) == everything
 
 
-@pytest.mark.parametrize("source", ["memory", "rocksdb"])
+@pytest.mark.parametrize("source", ["memory", ROCKSDB, toy_state.NAME])
 def test_restore_across_backends(make: Make, tmp_path: Path, source: str) -> None:
     origin = make(source)
     fill(origin, 50)
@@ -302,12 +313,13 @@ def test_manifest_is_plain_data(backend: StateBackend, tmp_path: Path) -> None:
     snap.release()
     assert json.loads(json.dumps(manifest)) == manifest
     assert msgpack.unpackb(msgpack.packb(manifest)) == manifest
-    assert manifest["backend"] in ("memory", "rocksdb")
+    assert manifest["backend"] in ("memory", "rocksdb", toy_state.NAME)
 
 
 # -- RocksDB: incremental checkpoints ----------------------------------------------------------
 
 
+@needs_rocksdb
 def test_rocksdb_materializations_share_sst_files(tmp_path: Path) -> None:
     # max_deltas=0: every checkpoint materializes (a RocksDB checkpoint), never a delta.
     backend = rocksdb.RocksDBStateBackend(tmp_path / "db", max_deltas=0)
@@ -424,6 +436,7 @@ def restored_dump(
         target.close()
 
 
+@needs_rocksdb
 def test_rocksdb_changelog_chain_restores_every_cut(tmp_path: Path) -> None:
     rng = random.Random(7)
     model: Model = {}
@@ -484,6 +497,7 @@ def test_rocksdb_changelog_chain_restores_every_cut(tmp_path: Path) -> None:
     assert restored_dump(tmp_path, "memory", folder, manifest, {0, 5}) == expect(at_cut, {0, 5})
 
 
+@needs_rocksdb
 def test_rocksdb_changelog_with_pruning(tmp_path: Path) -> None:
     """Only the newest checkpoint is kept, as with checkpoints_retained=1."""
     rng = random.Random(11)
@@ -506,6 +520,7 @@ def test_rocksdb_changelog_with_pruning(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flush_every", [3, 1000])  # changes in RocksDB before the cut, or not
+@needs_rocksdb
 def test_rocksdb_released_unwritten_snapshot_is_in_the_next_delta(
     tmp_path: Path, flush_every: int
 ) -> None:
@@ -533,6 +548,7 @@ def test_rocksdb_released_unwritten_snapshot_is_in_the_next_delta(
     assert restored_dump(tmp_path, "memory", tmp_path / "two", two) == expect(model)
 
 
+@needs_rocksdb
 def test_rocksdb_materializes_when_the_chain_cannot_go_on(tmp_path: Path) -> None:
     rng = random.Random(5)
     model: Model = {}
@@ -586,6 +602,7 @@ def test_rocksdb_materializes_when_the_chain_cannot_go_on(tmp_path: Path) -> Non
         ({"max_delta_keys": 20}, "keys"),
     ],
 )
+@needs_rocksdb
 def test_rocksdb_materialization_thresholds(
     tmp_path: Path, limits: dict[str, int], reason: str
 ) -> None:
@@ -613,6 +630,7 @@ def test_rocksdb_materialization_thresholds(
     assert got == expected[reason]
 
 
+@needs_rocksdb
 def test_rocksdb_rejects_unknown_formats(tmp_path: Path) -> None:
     backend = changelog_backend(tmp_path / "db")
     try:
@@ -630,6 +648,7 @@ def test_rocksdb_rejects_unknown_formats(tmp_path: Path) -> None:
         backend.close()
 
 
+@needs_rocksdb
 def test_rocksdb_snapshots_are_written_in_order(tmp_path: Path) -> None:
     backend = rocksdb.RocksDBStateBackend(tmp_path / "db")
     try:
@@ -644,6 +663,7 @@ def test_rocksdb_snapshots_are_written_in_order(tmp_path: Path) -> None:
         backend.close()
 
 
+@needs_rocksdb
 def test_rocksdb_close_and_reopen(tmp_path: Path) -> None:
     backend = rocksdb.RocksDBStateBackend(tmp_path / "db")
     fill(backend, 10)
@@ -704,6 +724,7 @@ def test_every_written_file_has_its_checksum(make: Make, tmp_path: Path) -> None
     assert_checksums_match(tmp_path / "chk-2", two)
 
 
+@needs_rocksdb
 def test_rocksdb_linked_files_carry_their_checksums(tmp_path: Path) -> None:
     """Deltas and materialized files linked from the previous checkpoint keep the checksum
     they were written with; an SST linked from a copied folder is read back."""

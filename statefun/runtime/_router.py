@@ -1,0 +1,136 @@
+"""The router: keyBy, from a message to the dispatcher subtask that owns its address.
+
+``key_group = fmix32(crc32(typename, id)) mod max_parallelism`` (``_keygroups.py``, stable
+across processes and runs); the subtask owning that key group under Flink's contiguous range
+assignment gets the message (``subtask = key_group * P // max_parallelism``). Every message
+goes through here: from the sources (``submit``, ``emit``, ``emit_many``), from functions (the
+feedback channel), from the timer service and from a restored checkpoint. A message to the
+reply typename (``_addresses.REPLY_TYPENAME``) is a reply to an HTTP request-reply call and
+goes to ``reply`` instead of a function.
+
+A ``Router`` is the job's ``Admission`` too (``_admission.py``): routing counts each message in
+flight inline, which is the runtime's hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from statefun._addresses import REPLY_TYPENAME
+from statefun._keygroups import key_group_for, subtask_for_key_group
+from statefun._settings import Settings
+from statefun.runtime._admission import Admission
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import FunctionRegistry
+from statefun.sdk._spec import SdkAddress
+
+__all__ = ["Router", "Subtask"]
+
+
+class Subtask(Protocol):
+    """A dispatcher subtask, as the router sees it."""
+
+    def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None: ...
+
+
+class Router(Admission):
+    """keyBy over the subtasks given to ``connect``; replies go to ``reply``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        functions: FunctionRegistry,
+        changed: asyncio.Event,
+        reply: Callable[[Envelope], None],
+    ) -> None:
+        super().__init__(settings, functions, changed)
+        self._reply = reply
+        self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
+        #: key group -> the subtask owning it
+        self.subtask_of: list[Subtask] = []
+
+    def connect(self, subtasks: Sequence[Subtask]) -> None:
+        """Route to ``subtasks`` (the job's dispatchers, one per subtask index)."""
+        p, max_p = len(subtasks), self.settings.max_parallelism
+        self.subtask_of[:] = [subtasks[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)]
+
+    def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
+        self.send(Envelope(typename, id_, value, caller))
+
+    def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
+        """Send ``messages[start:]`` (``(id, value)`` pairs, from no caller) to ``typename``, in
+        order, while there is room: the index of the first one not sent (``len(messages)``:
+        all of them). The same as ``has_room()`` then ``emit`` for each, with ``send`` inlined
+        (a Kafka ingress's hot path: a polled batch's records mostly go to one function type);
+        keep the two in step (tests/unit/test_job_emit_many.py compares them).
+        """
+        if typename == REPLY_TYPENAME:  # HTTP replies (no source sends them): as ``emit``
+            for index in range(start, len(messages)):
+                if not self.room.is_set():
+                    return index
+                id_, value = messages[index]
+                self.emit(typename, id_, value)
+            return len(messages)
+        remote, _ = self._kinds.get(typename) or self._kind(typename)
+        settings = self.settings
+        limit = (
+            settings.max_in_flight_remote_messages if remote else settings.max_in_flight_messages
+        )
+        room = self.room
+        key_groups = self._key_groups
+        subtask_of = self.subtask_of
+        # the counts in flight, kept here and written back (offer() does not read them)
+        pending, pending_remote = self.pending, self.pending_remote
+        try:
+            for index in range(start, len(messages)):
+                if not room.is_set():
+                    return index
+                id_, value = messages[index]
+                address = (typename, id_)
+                key_group = key_groups.get(address)
+                if key_group is None:
+                    key_group = self._new_key_group(address)
+                pending += 1
+                if remote:
+                    pending_remote += 1
+                    if pending_remote >= limit:
+                        room.clear()
+                elif pending - pending_remote >= limit:
+                    room.clear()
+                subtask_of[key_group].offer(
+                    Envelope(typename, id_, value, None), key_group, address
+                )
+        finally:
+            self.pending, self.pending_remote = pending, pending_remote
+        return len(messages)
+
+    def send(self, envelope: Envelope) -> None:
+        """Route a message to the dispatcher that owns its address (never waits)."""
+        typename = envelope.typename
+        if typename == REPLY_TYPENAME:
+            self._reply(envelope)
+            return
+        address = (typename, envelope.id)
+        key_group = self._key_groups.get(address)
+        if key_group is None:
+            key_group = self._new_key_group(address)
+        self.pending += 1
+        if (self._kinds.get(typename) or self._kind(typename))[0]:
+            self.pending_remote += 1
+            full = self.pending_remote >= self.settings.max_in_flight_remote_messages
+        else:
+            full = self.pending - self.pending_remote >= self.settings.max_in_flight_messages
+        if full and self.room.is_set():
+            self.room.clear()
+        self.subtask_of[key_group].offer(envelope, key_group, address)
+
+    def _new_key_group(self, address: tuple[str, str]) -> int:
+        """The key group of ``address`` (typename, id), computed and kept in the cache, which
+        ``send`` and ``emit_many`` read first (bounded: cleared when full)."""
+        if len(self._key_groups) >= 100_000:
+            self._key_groups.clear()
+        key_group = key_group_for(*address, self.settings.max_parallelism)
+        self._key_groups[address] = key_group
+        return key_group
