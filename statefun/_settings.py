@@ -120,6 +120,14 @@ class Settings:
             "checkpoint releases every reply held by then; under load they run back to back)"
         ),
     )
+    reply_commit_when_idle: bool = field(
+        default=True,
+        metadata=_doc(
+            "with reply_release=on-checkpoint: when a reply is held and nothing else is in "
+            "flight, its checkpoint starts at once instead of reply_checkpoint_delay_ms later "
+            "(a lone caller waits for one checkpoint only); false: always the group-commit wait"
+        ),
+    )
     idle_checkpoint_delay_ms: int = field(
         default=50,
         metadata=_doc(

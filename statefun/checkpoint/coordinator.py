@@ -19,7 +19,8 @@ steps (``CheckpointCoordinator.checkpoint``):
 3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last and
    atomically. Only now does the checkpoint exist; a crash before this step leaves a folder
    that is never restored. Then checkpoints beyond the newest ``checkpoints_retained`` are
-   deleted (N replaces them).
+   deleted (N replaces them) - after step 4, in a worker thread that neither the replies nor
+   the next checkpoint wait for (deleting files costs more than writing a small checkpoint).
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
    their positions are durable (Kafka offsets to the group, WAL trimming; not for savepoints,
    which are no checkpoint a restart falls back to), and the sealed HTTP replies are released.
@@ -124,6 +125,7 @@ class CheckpointCoordinator:
         self.last_duration_ms = 0.0
         #: CPU time the last checkpoint took: its cut, and writing its files (worker thread)
         self.last_cpu_ms = 0.0
+        self._pruning: asyncio.Task[None] | None = None  # deleting old checkpoints
 
     def _step(self, name: str, checkpoint_id: int) -> None:
         if self._hook is not None:
@@ -173,6 +175,8 @@ class CheckpointCoordinator:
         self._nudge.set()
         async with self._lock:
             pass
+        if self._pruning is not None:
+            await self._pruning
 
     async def checkpoint(self, savepoint: bool = False) -> CompletedCheckpoint:
         async with self._lock:
@@ -216,6 +220,8 @@ class CheckpointCoordinator:
             self.job.release_replies(cut.replies)
             self.job.check_sink_backlog()
             self._step("committed", checkpoint_id)
+            if not savepoint:
+                await self._prune_after_commit()
             # Long-lived state need not be scanned by every full garbage collection again
             # (it holds no reference cycles; reference counting still frees it).
             gc.freeze()
@@ -320,6 +326,23 @@ class CheckpointCoordinator:
         files = self._write(folder, cut, previous)
         self._step("written", cut.id)
         completed = self.storage.finish(folder, {**metadata, **files})
-        if not savepoint:
-            self.storage.prune()
         return completed, (time.thread_time() - cpu) * 1000
+
+    async def _prune_after_commit(self) -> None:
+        """Step 3's deletion of the checkpoints beyond the retained ones: in a worker thread
+        that runs on while the next checkpoint is taken (one deletion at a time: one still
+        running now leaves this checkpoint's to the next). Once stopped, at once."""
+        if self._pruning is not None and not self._pruning.done():
+            if not self._stopped.is_set():
+                return
+            await self._pruning
+        if self._stopped.is_set():
+            await asyncio.to_thread(self.storage.prune)
+            return
+        self._pruning = asyncio.create_task(self._prune())
+
+    async def _prune(self) -> None:
+        try:
+            await asyncio.to_thread(self.storage.prune)
+        except OSError as exc:  # the next checkpoint tries again
+            log.warning("deleting old checkpoints failed: %s", exc)

@@ -255,6 +255,13 @@ class Job:
             self._open_room_if_due()
         if self.pending == 0:
             self._changed.set()
+            if (
+                self._unreleased_replies
+                and self.checkpoints is not None
+                and self.settings.reply_commit_when_idle
+            ):
+                # Nothing else in flight could join the group commit: commit at once.
+                self.checkpoints.request_soon(0)
 
     def release_remote(self, count: int) -> None:
         """``count`` messages to a remote function finished processing."""
