@@ -7,11 +7,11 @@ wait for the reply before the next call) drives, in one run:
   ``restate-server`` binary on 127.0.0.1 with its data in a temporary folder, and the counter
   as a Virtual Object on ``restate-sdk`` (``POST /Counter/{key}/add`` answers the new count).
   Restate keeps each call's state change durable (journalled, fsynced) before it answers.
-* **pystatefun** (``statefun run``, as part 2 of bench/checkpoints.py): the HTTP ingress with
-  its write-ahead log, the embedded function ``bench/call`` (``POST /call/bench/call/{key}``
-  increments the count and replies it), ``reply_release=on-checkpoint`` (a reply leaves only
-  once the checkpoint covering the call is complete) with checkpoints every ``--interval-ms``
-  (20 ms), on the memory and on the RocksDB state backend.
+* **pystatefun** (``statefun run``, as part 2 of bench/checkpoints.py): the HTTP ingress, the
+  embedded function ``bench/call`` (``POST /call/bench/call/{key}`` increments the count and
+  replies it), ``reply_release=on-checkpoint`` (a reply leaves only once the checkpoint
+  covering the call is complete, so calls need no write-ahead log) with checkpoints every
+  ``--interval-ms`` (20 ms), on the memory and on the RocksDB state backend.
 
 Each system runs in a fresh process with fresh storage for each case:
 
@@ -24,7 +24,8 @@ load each key's final count, read back from the system (Restate: ``/Counter/{key
 pystatefun: the string ``get`` to ``bench/call``), is exactly n.
 
 ``--variant NAME:setting=value[,setting=value]`` (repeatable) adds pystatefun runs with those
-settings next to the default ones (A/B in the same run).
+settings next to the default ones, and ``--baseline DIR`` runs of another checkout's runtime
+(e.g. ``git archive COMMIT | tar -x -C DIR``; variant ``baseline``): A/B in the same run.
 
     .venv/bin/python bench/restate_vs_pystatefun.py            # about 4 minutes
     .venv/bin/python bench/restate_vs_pystatefun.py --cases one --backends memory
@@ -43,6 +44,7 @@ import functools
 import json
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,7 +190,7 @@ def run_restate(case: Case, peer: tuple[Path, Path], args: argparse.Namespace) -
 
 
 @contextlib.contextmanager
-def _pystatefun(settings: dict[str, str]) -> Iterator[str]:
+def _pystatefun(settings: dict[str, str], checkout: Path) -> Iterator[str]:
     tmp = Path(tempfile.mkdtemp(prefix="statefun-bench-restate-"))
     port = free_port()
     full = {
@@ -198,14 +200,14 @@ def _pystatefun(settings: dict[str, str]) -> Iterator[str]:
         **settings,
     }
     try:
-        with runtime_process(tmp, full, port):
+        with runtime_process(tmp, full, port, checkout):
             yield f"http://127.0.0.1:{port}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_pystatefun(
-    case: Case, backend: str, extra: dict[str, str], args: argparse.Namespace
+    case: Case, backend: str, extra: dict[str, str], checkout: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     settings = {
         "checkpoint_interval_ms": str(args.interval_ms),
@@ -214,7 +216,7 @@ def run_pystatefun(
         **_settings_overrides(args.set),
         **extra,
     }
-    with _pystatefun(settings) as url:
+    with _pystatefun(settings, checkout) as url:
         return measure(f"pystatefun {backend}", Target(url, *PYSTATEFUN_TARGET), case, args)
 
 
@@ -252,22 +254,60 @@ def _label(row: dict[str, Any]) -> str:
     return str(row["system"]) if row["variant"] == "" else f"{row['system']} [{row['variant']}]"
 
 
+def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (row["case"], row["system"], row["backend"], row["variant"])
+
+
+def merge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case, system, backend and variant: the medians of its rounds, the range of
+    requests/s and p99 when there were several."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(_key(row), []).append(row)
+    merged = []
+    for group in groups.values():
+        row = dict(group[0])
+        for name in ("requests_per_s", "p50_ms", "p90_ms", "p99_ms", "max_ms"):
+            row[name] = statistics.median(r[name] for r in group)
+        row["ok"] = sum(r["ok"] for r in group)
+        row["checked"] = all(r["exact"] and r["counts_exact"] for r in group)
+        row["rounds"] = len(group)
+        row["rps_range"] = (
+            min(r["requests_per_s"] for r in group),
+            max(r["requests_per_s"] for r in group),
+        )
+        row["p99_range"] = (min(r["p99_ms"] for r in group), max(r["p99_ms"] for r in group))
+        merged.append(row)
+    return merged
+
+
+def _spread(value: float, spread: tuple[float, float], rounds: int, spec: str) -> str:
+    text = format(value, spec)
+    if rounds > 1:
+        text += f" ({format(spread[0], spec)}-{format(spread[1], spec)})"
+    return text
+
+
 def print_report(
     rows: list[dict[str, Any]], cases: dict[str, Case], args: argparse.Namespace
 ) -> None:
+    rounds = f"median of {args.rounds} rounds (min-max), " if args.rounds > 1 else ""
     print(
         f"pystatefun: reply_release=on-checkpoint, checkpoints every {args.interval_ms} ms, "
-        f"HTTP ingress WAL on{'; --set ' + ' '.join(args.set) if args.set else ''}. "
-        f"{args.warmup:g} s warm-up, {args.seconds:g} s measured per row.\n"
+        f"checkpoint_dir on local disk{'; --set ' + ' '.join(args.set) if args.set else ''}. "
+        f"{rounds}{args.warmup:g} s warm-up, {args.seconds:g} s measured per row.\n"
     )
+    rows = merge(rows)
     print("| case | system | backend | requests/s | p50 ms | p90 ms | p99 ms | max ms | checks |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for row in rows:
-        checks = "exact" if row["exact"] and row["counts_exact"] else "FAILED"
+        checks = "exact" if row["checked"] else "FAILED"
         print(
             f"| {cases[row['case']].describe()} | {_label(row)} | {row['backend']} "
-            f"| {row['requests_per_s']:,.0f} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} "
-            f"| {row['p99_ms']:.1f} | {row['max_ms']:.1f} | {checks} ({row['ok']:,} calls) |"
+            f"| {_spread(row['requests_per_s'], row['rps_range'], row['rounds'], ',.0f')} "
+            f"| {row['p50_ms']:.1f} | {row['p90_ms']:.1f} "
+            f"| {_spread(row['p99_ms'], row['p99_range'], row['rounds'], '.1f')} "
+            f"| {row['max_ms']:.1f} | {checks} ({row['ok']:,} calls) |"
         )
     print(
         "\nRatios, pystatefun / Restate: requests/s (above 1: more), p50 and p99 (below 1: "
@@ -289,6 +329,22 @@ def print_report(
                 f"| {row['requests_per_s'] / ref['requests_per_s']:.2f}x "
                 f"| {row['p50_ms'] / ref['p50_ms']:.2f}x | {row['p99_ms'] / ref['p99_ms']:.2f}x |"
             )
+    ab = [r for r in rows if r["system"] == "pystatefun" and r["variant"]]
+    if not ab:
+        return
+    print("\nA/B, pystatefun / its variant: requests/s, p50, p99\n")
+    print("| case | backend | variant | requests/s | p50 | p99 |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    default = {_key(r): r for r in rows}
+    for row in ab:
+        a = default.get((row["case"], "pystatefun", row["backend"], ""))
+        if a is None:
+            continue
+        print(
+            f"| {cases[row['case']].describe()} | {row['backend']} | {row['variant']} "
+            f"| {a['requests_per_s'] / row['requests_per_s']:.2f}x "
+            f"| {a['p50_ms'] / row['p50_ms']:.2f}x | {a['p99_ms'] / row['p99_ms']:.2f}x |"
+        )
 
 
 def main() -> int:
@@ -318,6 +374,15 @@ def main() -> int:
         metavar="NAME:SETTING=VALUE,...",
         help="also run pystatefun with these settings (A/B in the same run)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also run the runtime of this pystatefun checkout (variant 'baseline')",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds, interleaved; the tables show medians"
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     cases = SMOKE_CASES if args.smoke else CASES
@@ -331,7 +396,14 @@ def main() -> int:
         peer = restate_peer.install()
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    variants: list[tuple[str, dict[str, str]]] = [("", {}), *args.variant]
+    variants: list[tuple[str, dict[str, str], Path]] = [
+        ("", {}, ROOT),
+        *((name, extra, ROOT) for name, extra in args.variant),
+    ]
+    if args.baseline is not None:
+        if not (args.baseline / "statefun" / "__main__.py").is_file():
+            parser.error(f"--baseline {args.baseline}: no statefun package there")
+        variants.append(("baseline", {}, args.baseline.resolve()))
 
     def record(
         system: str, backend: str, variant: str, case: Case, run: Callable[[], dict[str, Any]]
@@ -350,24 +422,31 @@ def main() -> int:
         )
         rows.append(result)
 
-    for case in cases.values():
+    def run_case(case: Case) -> None:
         if peer is not None:
             progress(f"{case.name} ({case.describe()}): Restate")
             record("Restate", "-", "", case, functools.partial(run_restate, case, peer, args))
-        if "pystatefun" in args.systems:
-            for backend in args.backends:
-                for variant, extra in variants:
-                    progress(
-                        f"{case.name} ({case.describe()}): pystatefun {backend}"
-                        + (f" [{variant}: {extra}]" if variant else "")
-                    )
-                    record(
-                        "pystatefun",
-                        backend,
-                        variant,
-                        case,
-                        functools.partial(run_pystatefun, case, backend, extra, args),
-                    )
+        if "pystatefun" not in args.systems:
+            return
+        for backend in args.backends:
+            for variant, extra, checkout in variants:
+                progress(
+                    f"{case.name} ({case.describe()}): pystatefun {backend}"
+                    + (f" [{variant}: {extra}]" if variant else "")
+                )
+                record(
+                    "pystatefun",
+                    backend,
+                    variant,
+                    case,
+                    functools.partial(run_pystatefun, case, backend, extra, checkout, args),
+                )
+
+    for round_ in range(args.rounds):
+        if args.rounds > 1:
+            progress(f"round {round_ + 1} of {args.rounds}")
+        for case in cases.values():
+            run_case(case)
 
     if args.smoke:
         smoke_banner()
