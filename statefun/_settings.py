@@ -123,9 +123,10 @@ class Settings:
     reply_commit_when_idle: bool = field(
         default=True,
         metadata=_doc(
-            "with reply_release=on-checkpoint: when a reply is held and nothing else is in "
-            "flight, its checkpoint starts at once instead of reply_checkpoint_delay_ms later "
-            "(a lone caller waits for one checkpoint only); false: always the group-commit wait"
+            "with reply_release=on-checkpoint: when every open call's reply is held and no "
+            "message is in flight, the checkpoint starts at once instead of "
+            "reply_checkpoint_delay_ms later (a lone caller waits for one checkpoint only); "
+            "false: always the group-commit wait"
         ),
     )
     idle_checkpoint_delay_ms: int = field(

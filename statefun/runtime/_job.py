@@ -255,12 +255,15 @@ class Job:
             self._open_room_if_due()
         if self.pending == 0:
             self._changed.set()
+            held = self._unreleased_replies
             if (
-                self._unreleased_replies
+                held
+                and len(held) >= len(self.replies)
                 and self.checkpoints is not None
                 and self.settings.reply_commit_when_idle
             ):
-                # Nothing else in flight could join the group commit: commit at once.
+                # Every open call's reply is held and nothing is in flight: no other reply
+                # could join the group commit, so commit at once.
                 self.checkpoints.request_soon(0)
 
     def release_remote(self, count: int) -> None:

@@ -50,3 +50,21 @@ async def test_a_lone_call_is_committed_at_once(tmp_path: Path) -> None:
             assert job.checkpoints is not None and job.checkpoints.completed == n
     job.stop()
     await running
+
+
+async def test_old_checkpoints_are_still_deleted(tmp_path: Path) -> None:
+    """Deleting the checkpoints beyond checkpoints_retained runs beside the next checkpoint,
+    after the replies; once the job stopped, only the retained ones are left."""
+    job, source = call_job(tmp_path, checkpoint_interval_ms=600_000, checkpoints_retained=2)
+    running = asyncio.create_task(job.run())
+    url = await wait_port(source)
+    headers = {"Content-Type": "text/plain"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for n in range(1, 7):
+            async with http.post(f"{url}/call/test/counter/a", data="x", headers=headers) as r:
+                assert r.status == 200 and await r.text() == str(n)
+    job.stop()
+    await running
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("chk-"))
+    assert job.checkpoints is not None and job.checkpoints.completed == 7  # and the last one
+    assert left == ["chk-000006", "chk-000007"]
