@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import http.client
 import json
@@ -49,6 +50,7 @@ SDK_REQUIREMENTS = (f"restate-sdk=={SDK_VERSION}", "hypercorn==0.18.0")
 HOST = "127.0.0.1"
 _MARKER = ".pystatefun-peer.json"
 _INSTALL_TIMEOUT_S = 900.0
+_PR_SET_PDEATHSIG = 1
 
 
 class RestateUnavailableError(RuntimeError):
@@ -231,6 +233,13 @@ def _request(url: str, data: bytes | None = None, timeout: float = 5.0) -> bytes
     return body
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the process that started it dies, so
+    that a killed benchmark leaves no server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _start(command: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESTATE_")}
     env.pop("PYTHONPATH", None)
@@ -243,6 +252,7 @@ def _start(command: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: hypercorn forks a worker
+            preexec_fn=_die_with_parent if platform.system() == "Linux" else None,
         )
 
 
@@ -363,14 +373,22 @@ def running(server: Path, python: Path) -> Iterator[Restate]:
 
 
 def main() -> int:
-    server, python = install()
-    progress(f"{server_version(server)}; restate-sdk {SDK_VERSION} in {python.parent.parent}")
-    with running(server, python) as restate:
-        print(f"ingress: {restate.ingress_url}  (POST /Counter/{{key}}/add, /Counter/{{key}}/get)")
-        print(f"admin:   {restate.admin_url}")
-        print(f"data:    {restate.folder}  (deleted on exit)", flush=True)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    def stop(signum: int, frame: object) -> None:
+        for name in (signal.SIGINT, signal.SIGTERM):  # a second one must not cut the clean-up
+            signal.signal(name, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for name in (signal.SIGINT, signal.SIGTERM):  # the processes are stopped, data deleted
+        signal.signal(name, stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        server, python = install()
+        progress(f"{server_version(server)}; restate-sdk {SDK_VERSION} in {python.parent.parent}")
+        with running(server, python) as restate:
+            print(f"ingress: {restate.ingress_url}  (POST /Counter/{{key}}/add, .../get)")
+            print(f"admin:   {restate.admin_url}")
+            print(f"data:    {restate.folder}  (deleted on exit)", flush=True)
+            while True:
+                signal.pause()
     return 0
 
 
