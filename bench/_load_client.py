@@ -6,7 +6,9 @@ Runs in a process of its own (so it does not share the runtime's core or event l
         --concurrency 64 --keys 1000 --warmup 3 --seconds 10
 
 ``concurrency`` callers share one aiohttp session; each loops on ``POST
-{url}/call/{typename}/{key}`` with a key drawn uniformly from ``keys`` ids (one id, ``hot``,
+{url}/call/{typename}/{key}`` (or ``{url}`` + ``--path`` with ``{key}`` filled in, e.g.
+``/Counter/{key}/add`` for Restate, whose handler without input takes an empty body: ``--body
+''``) with a key drawn uniformly from ``keys`` ids (one id, ``hot``,
 when ``keys`` is 1) and waits for the reply before the next call (a closed loop). A call's
 latency is the time from sending the request to reading the whole reply. Requests that end
 inside the measured window count; at the end each caller finishes its call in flight, so
@@ -14,7 +16,8 @@ every request sent has an answer.
 
 The function replies the address's count after the call; the client keeps every reply and
 checks, per key, that the replies are exactly 1..n for the n calls it made to that key (each
-call counted once in state, none lost, none twice) when every call succeeded.
+call counted once in state, none lost, none twice) when every call succeeded, and reports n
+per key (``calls_per_key``) so that the caller can read the final counts back.
 
 Prints progress to stderr and one JSON object to stdout.
 """
@@ -44,8 +47,11 @@ clock = time.perf_counter
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     ids = [f"k{i}" for i in range(args.keys)] if args.keys > 1 else ["hot"]
-    base = f"{args.url}/call/{args.typename}/"
-    headers = {"Content-Type": "text/plain"}
+    path = args.path if args.path is not None else f"/call/{args.typename}/{{key}}"
+    urls = {key: args.url + path.replace("{key}", key) for key in ids}
+    data = args.body.encode() or None  # None: no body and no Content-Type
+    headers = {"Content-Type": "text/plain"} if data else {}
+    skip = () if data else ("Content-Type",)  # aiohttp adds application/octet-stream
     replies: dict[str, list[int]] = {key: [] for key in ids}
     calls: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
@@ -65,7 +71,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 calls[key] += 1
                 started = clock()
                 try:
-                    async with session.post(base + key, data=b"x", headers=headers) as response:
+                    async with session.post(
+                        urls[key], data=data, headers=headers, skip_auto_headers=skip
+                    ) as response:
                         body = await response.read()
                         status = response.status
                 except (aiohttp.ClientError, TimeoutError) as exc:
@@ -126,19 +134,24 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "statuses": dict(statuses),
         "duplicate_replies": duplicates,
         "exact": exact,
+        "calls_per_key": dict(calls),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the HTTP ingress, http://host:port")
-    parser.add_argument("--typename", required=True, help="function type: namespace/name")
+    parser.add_argument("--typename", help="function type: namespace/name (POST /call/...)")
+    parser.add_argument("--path", help="instead of --typename: the path, {key} filled in")
+    parser.add_argument("--body", default="x", help="the request body (text/plain unless empty)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     args = parser.parse_args()
+    if (args.typename is None) == (args.path is None):
+        parser.error("give one of --typename and --path")
     result = asyncio.run(run(args))
     print(json.dumps(result), flush=True)
     return 0

@@ -511,8 +511,11 @@ def _get_json(url: str, timeout: float = 5.0) -> Any:
 
 @contextlib.contextmanager
 def runtime_process(
-    tmp: Path, settings: dict[str, str], ingress_port: int
+    tmp: Path, settings: dict[str, str], ingress_port: int, checkout: Path = ROOT
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """``statefun run`` of this checkout, or of another one (``checkout``: its ``statefun``
+    package comes first on the path; the top-level ingress/, egress/ and sdk/ folders still
+    come from the installed one)."""
     module = tmp / "module.yaml"
     module.write_text(
         "kind: io.pystatefun.endpoints.v1/embedded\n"
@@ -531,7 +534,10 @@ def runtime_process(
     progress(f"    runtime: {' '.join(command[1:])}")
     log_path = tmp / "runtime.log"
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        env = {**os.environ, "PYTHONPATH": str(checkout)} if checkout != ROOT else None
+        process = subprocess.Popen(
+            command, cwd=checkout, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -141,6 +141,15 @@ class Settings:
             "checkpoint releases every reply held by then; under load they run back to back)"
         ),
     )
+    reply_commit_when_idle: bool = field(
+        default=True,
+        metadata=_doc(
+            "with reply_release=on-checkpoint: when every open call's reply is held and no "
+            "message is in flight, the checkpoint starts at once instead of "
+            "reply_checkpoint_delay_ms later (a lone caller waits for one checkpoint only); "
+            "false: always the group-commit wait"
+        ),
+    )
     idle_checkpoint_delay_ms: int = field(
         default=50,
         metadata=_doc(

@@ -198,12 +198,16 @@ class CheckpointStorage:
         folder.mkdir()
         return folder
 
-    def finish(self, folder: Path, metadata: dict[str, Any]) -> CompletedCheckpoint:
+    def finish(
+        self, folder: Path, metadata: dict[str, Any], name_synced: bool = False
+    ) -> CompletedCheckpoint:
         """Step 4 of the protocol: write the metadata (with its checksum), last and
-        atomically."""
+        atomically. ``name_synced``: the folder's own name (made by ``begin``) is durable
+        already (its parent was fsynced after ``begin``)."""
         metadata = seal_metadata(metadata)
         write_atomically(folder / METADATA, json.dumps(metadata, indent=1).encode("utf-8"))
-        fsync_dir(folder.parent)  # the folder's own name, made by begin()
+        if not name_synced:
+            fsync_dir(folder.parent)  # the folder's own name, made by begin()
         return CompletedCheckpoint(int(metadata["id"]), folder, metadata)
 
     def prune(self) -> None:

@@ -15,6 +15,7 @@ and report their mailboxes (``note_mailbox``, ``mailbox_taken``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from statefun._settings import Settings
 from statefun.runtime._functions import FunctionRegistry, RemoteFunction
@@ -44,6 +45,8 @@ class Admission:
         #: back within it (note_mailbox, mailbox_taken)
         self.overfull_mailboxes: set[tuple[str, str]] = set()
         self._sinks_full = False
+        #: called when nothing is in flight any more (the job may commit held replies at once)
+        self.on_idle: Callable[[], None] | None = None
 
     def release(self, count: int) -> None:
         """``count`` messages (not to remote functions) finished processing."""
@@ -52,6 +55,8 @@ class Admission:
             self._open_room_if_due()
         if self.pending == 0:
             self._changed.set()
+            if self.on_idle is not None:
+                self.on_idle()
 
     def release_remote(self, count: int) -> None:
         """``count`` messages to a remote function finished processing."""

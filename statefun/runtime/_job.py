@@ -123,6 +123,8 @@ class Job:
         self.emit_many = router.emit_many
         self.release = router.release
         self.release_remote = router.release_remote
+        if self.settings.reply_commit_when_idle:
+            router.on_idle = self._commit_held_replies
         self.note_mailbox = router.note_mailbox
         self.mailbox_taken = router.mailbox_taken
         self.batch_limit = router.batch_limit
@@ -193,6 +195,12 @@ class Job:
 
     def is_function_type(self, typename: str) -> bool:
         return self.functions.resolve(typename) is not None
+
+    def _commit_held_replies(self) -> None:
+        """Nothing is in flight: if every open call's reply is held, no other reply could join
+        the group commit, so the checkpoint that releases them starts at once."""
+        if self.checkpoints is not None and self.outputs.every_reply_held():
+            self.checkpoints.request_soon(0)
 
     def _fire_delayed(self, envelope: Envelope) -> None:
         self.send(envelope)

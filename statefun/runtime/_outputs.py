@@ -94,6 +94,12 @@ class Outputs:
         sealed, self._unreleased_replies = self._unreleased_replies, []
         return sealed
 
+    def every_reply_held(self) -> bool:
+        """Whether replies are held and every open call's reply is among them (no other
+        reply can join the next checkpoint's group commit)."""
+        held = self._unreleased_replies
+        return bool(held) and len(held) >= len(self.replies)
+
     def held_replies(self) -> list[tuple[str, Any]]:
         """The replies produced since the last cut, still held (request id, value); read-only."""
         return list(self._unreleased_replies)

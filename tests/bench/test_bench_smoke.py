@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import _restate_processes as restate_peer
 from bench._jvm_processes import missing_jvm_tools
+from bench._restate_processes import missing_restate_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_ROCKSDB = importlib.util.find_spec("rocksdict") is not None
@@ -116,3 +118,19 @@ def test_testkit() -> None:
     out = smoke("testkit.py", timeout=60)
     for scenario in ("reminder-30d", "reminders-30d-10", "send"):
         assert f"\n| {scenario} |" in out, f"scenario {scenario} missing:\n{out}"
+
+
+_restate_missing = missing_restate_tools()
+
+
+@pytest.mark.timeout(600)  # a first run installs the server from npm (~225 MB)
+@pytest.mark.skipif(_restate_missing is not None, reason=_restate_missing or "")
+def test_restate_vs_pystatefun() -> None:
+    try:
+        restate_peer.install()
+    except restate_peer.RestateUnavailableError as exc:
+        pytest.skip(f"the Restate peer cannot be installed here: {exc}")
+    out = smoke("restate_vs_pystatefun.py", *BACKENDS, timeout=300)
+    for case in ("20 keys, 8 callers", "one key, 8 callers", "one key, one caller"):
+        assert f"| {case} | Restate | - |" in out, f"{case}, Restate missing:\n{out}"
+        assert f"| {case} | pystatefun | memory |" in out, f"{case}, pystatefun missing:\n{out}"
