@@ -181,7 +181,7 @@ def measure(system: str, target: Target, case: Case, args: argparse.Namespace) -
 
 
 RESTATE_TARGET = ("/Counter/{key}/add", "/Counter/{key}/get", "", "")
-PYSTATEFUN_TARGET = (f"/call/{CALL}/{{key}}", f"/call/{CALL}/{{key}}", "x", "get")
+OUR_TARGET = (f"/call/{CALL}/{{key}}", f"/call/{CALL}/{{key}}", "x", "get")
 
 
 def run_restate(case: Case, peer: tuple[Path, Path], args: argparse.Namespace) -> dict[str, Any]:
@@ -217,7 +217,7 @@ def run_pystatefun(
         **extra,
     }
     with _pystatefun(settings, checkout) as url:
-        return measure(f"pystatefun {backend}", Target(url, *PYSTATEFUN_TARGET), case, args)
+        return measure(f"pystatefun {backend}", Target(url, *OUR_TARGET), case, args)
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:

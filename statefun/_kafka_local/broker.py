@@ -746,6 +746,8 @@ def _pick_ports(port: int, controller_port: int) -> tuple[int, int]:
         chosen: list[int] = []
         for wanted in (port, controller_port):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            if wanted:  # as the broker binds: an earlier broker's TIME_WAIT does not count
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((HOST, wanted))
             except OSError as exc:
