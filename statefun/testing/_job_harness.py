@@ -40,7 +40,7 @@ from statefun._exceptions import (
 )
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
-from statefun.module import HttpEndpointSpec, ModuleSpec, load_module
+from statefun.module import FileIngressSpec, HttpEndpointSpec, ModuleSpec, load_module
 from statefun.runtime import Job
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import EmbeddedFunction
@@ -56,6 +56,8 @@ from statefun.testing._virtual_loop import VirtualLoop
 __all__ = ["JobHarness"]
 
 _ONE_MS = timedelta(milliseconds=1)
+#: the id of the harness's own ingress, which ``send`` writes to
+SEND_INGRESS = "pystatefun.testing/send"
 #: the longest checkpoint interval the settings allow (~24.8 days): "only when asked"
 _NO_INTERVAL_MS = 2**31 - 1
 
@@ -147,6 +149,11 @@ class JobHarness:
             i.id: IngressStandIn(i, self._types, is_function_type) for i in spec.ingresses
         }
         self._egresses = {e.id: EgressStandIn(e, self._types) for e in spec.egresses}
+        #: where ``send`` puts messages: an ingress of the harness's own, unbounded, so the job
+        #: runs until closed even when the module has no (or only bounded) ingresses
+        self._sent = IngressStandIn(
+            FileIngressSpec(SEND_INGRESS, Path()), self._types, is_function_type
+        )
         self._loop = VirtualLoop(int(start.timestamp() * 1000))
         self._closed = False
         self._failed: BaseException | None = None
@@ -225,7 +232,7 @@ class JobHarness:
         self._job = job = _Job(
             self.module,
             self.settings,
-            sources=[i.source() for i in self._ingresses.values()],
+            sources=[i.source() for i in (*self._ingresses.values(), self._sent)],
             sinks=[e.sink() for e in self._egresses.values()],
             clock=lambda: loop.now_ms,
             client=InProcessClient(self._bindings),
@@ -277,15 +284,14 @@ class JobHarness:
         return found
 
     def send(self, target: str, id: str, value: Any, typename: str | None = None) -> None:
-        """A message to ``target``/``id`` from outside any ingress (as ``statefun send``;
-        ``value`` as an ingress record's). No ingress position covers it: after a crash it
-        comes again only if a checkpoint took it in flight."""
+        """A message to ``target``/``id`` from none of the module's ingresses (as ``statefun
+        send``; ``value`` as a file ingress record's), through an ingress of the harness's own:
+        the job takes it at the next ``run_until_idle``/``advance``, and after a crash it comes
+        again unless a checkpoint covered it, like any ingress record."""
         self._alive()
         if self.module.endpoint_for(target) is None:
             raise UnknownFunctionError(target, [str(e.functions) for e in self.module.endpoints])
-        if not isinstance(id, str) or not id:
-            raise ValueError(f"the id must be a non-empty str, got {id!r}")
-        self._job.send(Envelope(target, id, self._types.encode(value, typename, None), None))
+        self._sent.send(id, value, target=target, typename=typename)
 
     @property
     def dead_letters(self) -> list[dict[str, Any]]:

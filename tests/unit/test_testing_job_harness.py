@@ -274,3 +274,15 @@ def test_without_checkpoints_exactly_once_output_commits_at_once(tmp_path: Path)
         assert harness.settings.parallelism == 1
     with pytest.raises(RuntimeError, match="closed"):
         harness.run_until_idle()
+
+
+def test_sent_messages_come_again_after_a_crash(embedded: JobHarness) -> None:
+    embedded.send("test/counter", "a", "one")
+    embedded.run_until_idle()
+    embedded.crash_and_restore()  # no checkpoint: the harness's own ingress is read again
+    assert embedded.state("test/counter", "a") == {"count": 1, "last": "one"}
+    embedded.checkpoint()
+    embedded.send("test/counter", "a", "two")
+    embedded.run_until_idle()
+    embedded.crash_and_restore()
+    assert embedded.state("test/counter", "a") == {"count": 2, "last": "two"}
