@@ -14,7 +14,7 @@ same kind of virtual clock, with in-memory stand-ins for its ingresses and egres
 ``crash_and_restore()`` to test functions under redelivery.
 
 The pytest plugin (installed with the package) adds the ``statefun_harness`` fixture and
-readable diffs of outcomes; see docs/testing.md. The names are imported on first use,
+readable diffs of outcomes; see docs/guide/testing.md. The names are imported on first use,
 so that loading the plugin costs every pytest run next to nothing.
 """
 

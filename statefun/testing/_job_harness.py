@@ -107,7 +107,7 @@ def _text(value: Any) -> str:
 
 class JobHarness:
     """Runs a module.yaml with the real runtime in this process, on a virtual clock, with
-    in-memory ingresses and egresses. See docs/testing.md."""
+    in-memory ingresses and egresses. See docs/guide/testing.md."""
 
     def __init__(
         self,
