@@ -23,6 +23,7 @@ the input after it is delivered again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shutil
@@ -32,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from statefun._addresses import REPLY_NAME, REPLY_NAMESPACE, REPLY_TYPENAME
 from statefun._exceptions import (
     FunctionFailedError,
     FunctionInvocationError,
@@ -46,6 +48,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import EmbeddedFunction
 from statefun.sdk._functions import StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
+from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import Type
 from statefun.state._expiring import live_values
 from statefun.testing._harness import DEFAULT_START
@@ -158,6 +161,7 @@ class JobHarness:
         self._closed = False
         self._failed: BaseException | None = None
         self.restarts = 0
+        self._calls = 0
         try:
             self._launch()
         except BaseException:
@@ -292,6 +296,35 @@ class JobHarness:
         if self.module.endpoint_for(target) is None:
             raise UnknownFunctionError(target, [str(e.functions) for e in self.module.endpoints])
         self._sent.send(id, value, target=target, typename=typename)
+
+    def call(self, target: str, id: str, value: Any, typename: str | None = None) -> Any:
+        """``send`` as an HTTP request-reply call (``statefun send --call``): the function's
+        reply to its caller, decoded, once the job is idle (with checkpoints, the reply is
+        released by the checkpoint that covers it, as ``reply_release=on-checkpoint`` does).
+        Raises if no reply came, or the message became a dead letter."""
+        self._alive()
+        self._calls += 1
+        request = f"harness-{self._calls}"
+        future: asyncio.Future[Any] = self._loop.create_future()
+        replies = self._job.replies
+        replies[request] = future
+        caller = SdkAddress(REPLY_NAMESPACE, REPLY_NAME, request, REPLY_TYPENAME)
+        try:
+            if self.module.endpoint_for(target) is None:
+                known = [str(e.functions) for e in self.module.endpoints]
+                raise UnknownFunctionError(target, known)
+            self._sent.send(id, value, target=target, typename=typename, caller=caller)
+            self.run_until_idle()
+            if not future.done():
+                raise RuntimeError(
+                    f"{target}/{id} sent no reply to its caller (context.caller) by the time "
+                    "the job was idle"
+                )
+            return self._types.decode(future.result())
+        finally:
+            replies.pop(request, None)
+            if not future.done():
+                future.cancel()
 
     @property
     def dead_letters(self) -> list[dict[str, Any]]:

@@ -32,13 +32,14 @@ from statefun.module._specs import (
 )
 from statefun.runtime._remote import RemoteClient
 from statefun.sdk._handler import RequestReplyHandler
+from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
 from statefun.testing._values import TypeTable
 
 __all__ = ["EgressStandIn", "InProcessClient", "IngressStandIn"]
 
-#: the messages one ingress record becomes: (target typename, id, value)
-Record = list[tuple[str, str, TypedValue]]
+#: the messages one ingress record becomes: (target typename, id, value, caller)
+Record = list[tuple[str, str, TypedValue, SdkAddress | None]]
 
 
 class IngressStandIn:
@@ -63,6 +64,7 @@ class IngressStandIn:
         topic: str | None = None,
         target: str | None = None,
         typename: str | None = None,
+        caller: SdkAddress | None = None,
     ) -> None:
         """Append one record. A Kafka ingress routes it as the module says: ``key`` is the id,
         ``topic`` (needed when the ingress reads several) gives the targets and the value's
@@ -103,7 +105,7 @@ class IngressStandIn:
         for name in targets:
             if not self._is_function_type(name):
                 raise ValueError(f"ingress {self.id}: no endpoint of the module serves {name!r}")
-        self.log.append([(name, key, typed) for name in targets])
+        self.log.append([(name, key, typed, caller) for name in targets])
         for event in self._waiting:
             event.set()
 
@@ -139,8 +141,8 @@ class _Source(Source):
                 while self.position < len(records):
                     await context.room()
                     # the messages and the position move together (no await in between)
-                    for typename, id_, value in records[self.position]:
-                        context.emit(typename, id_, value)
+                    for typename, id_, value, caller in records[self.position]:
+                        context.emit(typename, id_, value, caller)
                     self.position += 1
                 event.clear()
                 await event.wait()

@@ -48,6 +48,8 @@ def test_greeter_module_greets_through_its_egress() -> None:
             KafkaRecord("greetings", "Bob", b"Hello Bob! Nice to meet you."),
         ]
         assert h.state("example/greeter", "Ada") == {"seen": 2}
+        # a request-reply call, as `statefun send example/greeter/Ada hi --call`
+        assert h.call("example/greeter", "Ada", "hi") == "Hello Ada for the 3rd time!"
 
 
 # -- examples/shopping-cart ------------------------------------------------------------------

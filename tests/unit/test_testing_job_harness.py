@@ -286,3 +286,17 @@ def test_sent_messages_come_again_after_a_crash(embedded: JobHarness) -> None:
     embedded.run_until_idle()
     embedded.crash_and_restore()
     assert embedded.state("test/counter", "a") == {"count": 2, "last": "two"}
+
+
+def test_a_call_gets_the_functions_reply(embedded: JobHarness, remote: JobHarness) -> None:
+    # with checkpoints a reply is released by the checkpoint that covers it (one is taken)
+    assert embedded.call("test/counter", "a", "x") == 1
+    assert embedded.call("test/counter", "a", "y") == 2
+    assert remote.call("test/counter", "b", "x") == 1
+    with pytest.raises(RuntimeError, match="test/session/s sent no reply to its caller"):
+        embedded.call("test/session", "s", "visit")
+
+
+def test_a_call_without_checkpoints_is_answered_at_once(tmp_path: Path) -> None:
+    with JobHarness(module(tmp_path, EMBEDDED)) as harness:
+        assert harness.call("test/counter", "a", "x") == 1

@@ -71,6 +71,7 @@ def test_outcome_surface() -> None:
 
 JOB_HARNESS_API = {
     "advance",
+    "call",
     "checkpoint",
     "checkpoints",
     "close",
