@@ -108,6 +108,17 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _not_in_a_loop() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "JobHarness runs the job on an event loop of its own: use it from a plain (def) test, "
+        "not from inside a running event loop (an async test)"
+    )
+
+
 class JobHarness:
     """Runs a module.yaml with the real runtime in this process, on a virtual clock, with
     in-memory ingresses and egresses. See docs/guide/testing.md."""
@@ -131,6 +142,7 @@ class JobHarness:
             spec = load_module(*module)
         if start.tzinfo is None:
             raise ValueError("start must be an aware datetime (e.g. tzinfo=datetime.UTC)")
+        _not_in_a_loop()
         self.module = spec
         self._bindings = self._bind(spec, functions)
         self._workdir = Path(tempfile.mkdtemp(prefix="statefun-job-harness-"))
@@ -407,6 +419,7 @@ class JobHarness:
 
     def _drive(self, target_ms: int) -> None:
         self._alive()
+        _not_in_a_loop()
         self._loop.run_until(target_ms)
         if self._task.done():
             self._raise_failure()

@@ -3,6 +3,7 @@ clock, with in-memory ingresses and egresses; checkpoints, crashes and restores.
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from collections.abc import Iterator
 from datetime import timedelta
@@ -300,3 +301,11 @@ def test_a_call_gets_the_functions_reply(embedded: JobHarness, remote: JobHarnes
 def test_a_call_without_checkpoints_is_answered_at_once(tmp_path: Path) -> None:
     with JobHarness(module(tmp_path, EMBEDDED)) as harness:
         assert harness.call("test/counter", "a", "x") == 1
+
+
+def test_inside_a_running_event_loop_it_says_why_not(tmp_path: Path) -> None:
+    async def inside() -> None:
+        JobHarness(module(tmp_path, EMBEDDED))
+
+    with pytest.raises(RuntimeError, match=r"use it from a plain \(def\) test"):
+        asyncio.run(inside())
