@@ -309,3 +309,16 @@ def test_inside_a_running_event_loop_it_says_why_not(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match=r"use it from a plain \(def\) test"):
         asyncio.run(inside())
+
+
+def test_crash_and_restore_with_the_rocksdb_backend(tmp_path: Path) -> None:
+    path = module(tmp_path, EMBEDDED)
+    with JobHarness(path, checkpoints=True, overrides={"state_backend": "rocksdb"}) as harness:
+        harness.send("test/counter", "a", "x")
+        harness.run_until_idle()
+        harness.checkpoint()
+        harness.send("test/counter", "a", "y")
+        harness.run_until_idle()
+        harness.crash_and_restore()
+        assert harness.state("test/counter", "a") == {"count": 2, "last": "y"}
+        assert harness.settings.state_backend == "rocksdb"
