@@ -12,7 +12,7 @@ through Kafka alone:
   pending delayed messages).
 * consumer group ``pystatefun.<job>``: membership; its assignment of the exchange's partitions
   says which worker owns which key groups.
-* transactional ids ``pystatefun.<job>.<worker id>.<slot>``: stable per worker, so a restarted
+* transactional ids ``pystatefun.<job>.<worker id>-<slot>``: stable per worker, so a restarted
   worker fences its previous incarnation and aborts the transaction it left open.
 
 Key groups map onto partitions in contiguous ranges, as key groups onto dispatcher subtasks:
@@ -64,8 +64,11 @@ class ClusterConfig:
     def group_id(self) -> str:
         return f"{PREFIX}.{self.job_id}"
 
-    def transactional_id(self, slot: int) -> str:
-        return f"{PREFIX}.{self.job_id}.{self.worker_id}.{slot}"
+    @property
+    def transactional_base(self) -> str:
+        """The worker's transactional ids are this with ``-0`` and ``-1`` (two producers,
+        as the Kafka egress's, ``egress/kafka.py``)."""
+        return f"{PREFIX}.{self.job_id}.{self.worker_id}"
 
     def partition_of(self, key_group: int) -> int:
         """The internal topics' partition that holds ``key_group``."""

@@ -33,7 +33,7 @@ def test_dotted_names_on_the_command_line_are_the_settings() -> None:
     assert config.exchange_topic == "pystatefun.shop.exchange"
     assert config.changelog_topic == "pystatefun.shop.changelog"
     assert config.group_id == "pystatefun.shop"
-    assert config.transactional_id(1) == "pystatefun.shop.w1.1"
+    assert config.transactional_base == "pystatefun.shop.w1"
 
 
 def test_the_worker_id_defaults_to_the_host_name() -> None:
