@@ -59,6 +59,10 @@ class TrackedMemoryState(MemoryStateBackend):
         super().put(key_group, key, values)
         self._changed.add((key_group, key))
 
+    def restore_put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
+        """``put`` of a restored value: not a change to write to the changelog again."""
+        MemoryStateBackend.put(self, key_group, key, values)
+
     def take_changed(self) -> set[tuple[int, AddressKey]]:
         """The (key group, address) pairs written since the last call; forgets them."""
         changed, self._changed = self._changed, set()

@@ -13,14 +13,17 @@ from statefun.module._specs import (
     FileEgressSpec,
     FileIngressSpec,
     HttpIngressSpec,
+    KafkaEgressSpec,
+    KafkaIngressSpec,
     ModuleSpec,
 )
 
 __all__ = ["check_clusterable", "unsupported"]
 
 
-def unsupported(module: ModuleSpec, settings: Settings) -> list[str]:
-    """One line per part of ``module`` and ``settings`` a clustered job cannot run yet."""
+def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> list[str]:
+    """One line per part of ``module`` and ``settings`` a clustered job cannot run yet
+    (``bootstrap``: the job's Kafka cluster, which its Kafka egresses must write to)."""
     found: list[str] = []
     for ingress in module.ingresses:
         where = f" ({ingress.source})" if ingress.source else ""
@@ -30,6 +33,11 @@ def unsupported(module: ModuleSpec, settings: Settings) -> list[str]:
                 "write-ahead log is on one machine's disk, and a reply must reach the worker "
                 "holding the caller's connection); feed a clustered job through Kafka"
             )
+        elif isinstance(ingress, KafkaIngressSpec):
+            found.append(
+                f"ingress {ingress.id}{where}: a Kafka ingress cannot run clustered yet (its "
+                "partitions are not yet assigned by the job's group)"
+            )
         elif isinstance(ingress, FileIngressSpec):
             found.append(
                 f"ingress {ingress.id}{where}: a file ingress cannot run clustered (the file is "
@@ -37,6 +45,12 @@ def unsupported(module: ModuleSpec, settings: Settings) -> list[str]:
             )
     for egress in module.egresses:
         where = f" ({egress.source})" if egress.source else ""
+        if isinstance(egress, KafkaEgressSpec) and bootstrap and egress.address != bootstrap:
+            found.append(
+                f"egress {egress.id}{where}: its address {egress.address} is not the job's "
+                f"Kafka cluster ({bootstrap}); a clustered job's egress records commit in the "
+                "worker's transaction, so they must go to the same cluster"
+            )
         if isinstance(egress, FileEgressSpec):
             found.append(
                 f"egress {egress.id}{where}: a file egress cannot run clustered (each worker "
@@ -50,9 +64,11 @@ def unsupported(module: ModuleSpec, settings: Settings) -> list[str]:
     return found
 
 
-def check_clusterable(module: ModuleSpec, settings: Settings, from_savepoint: bool) -> None:
+def check_clusterable(
+    module: ModuleSpec, settings: Settings, from_savepoint: bool, bootstrap: str = ""
+) -> None:
     """Raise a one-line ConfigurationError for the first thing a clustered job cannot run."""
-    found = unsupported(module, settings)
+    found = unsupported(module, settings, bootstrap)
     if from_savepoint:
         found.append("--from-savepoint: a clustered job cannot start from a savepoint yet")
     if found:

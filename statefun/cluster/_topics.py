@@ -11,6 +11,7 @@ worker thread from the event loop.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from statefun._exceptions import ConfigurationError, UnavailableError
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 #: owner of its partition and only needs to outlive a rebalance, a week by default.
 _CHANGELOG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
 _EXCHANGE = {"cleanup.policy": "delete"}
+#: how long a topic found without partitions is described again
+_METADATA_WAIT_S = 10.0
 
 
 def topic_configs(config: ClusterConfig) -> dict[str, dict[str, str]]:
@@ -81,7 +84,13 @@ def ensure_topics(config: ClusterConfig, timeout_ms: int = 30_000) -> list[str]:
 
 
 def _check_partitions(admin: Any, config: ClusterConfig, names: list[str]) -> None:
-    for topic in admin.describe_topics(names):
+    # A topic another worker has just made may show no partitions for a moment.
+    deadline = time.monotonic() + _METADATA_WAIT_S
+    topics = admin.describe_topics(names)
+    while time.monotonic() < deadline and any(not t.get("partitions") for t in topics):
+        time.sleep(0.2)
+        topics = admin.describe_topics(names)
+    for topic in topics:
         count = len(topic.get("partitions") or ())
         if count != config.partitions:
             raise ConfigurationError(

@@ -1,0 +1,320 @@
+"""A worker of a clustered job: a ``Job`` per assignment of key groups, checkpointed into Kafka.
+
+``ClusterWorker.run`` makes or checks the job's topics, joins the group (``Membership``) and
+then lives from assignment to assignment. Each assignment is an *epoch*:
+
+1. ``Epoch.start``: a fresh ``WorkerTransactions`` (``init_transactions`` fences this worker's
+   previous incarnation and aborts the transaction it left open), a fresh ``Job`` whose state is
+   a ``TrackedMemoryState``, whose Kafka egresses hand their records to the transaction
+   (``ForwardingKafkaSink``) and whose only source is the exchange (``ExchangeSource``). The
+   router sends the key groups of partitions this worker does not own to ``Outbound``, which
+   writes each message to the exchange in the open transaction. The owned partitions are
+   restored from the changelog (state; the cut's messages through keyBy; delayed messages),
+   then the job runs.
+2. Every ``checkpoint_interval_ms``, ``Epoch.checkpoint`` cuts - synchronously, as the local
+   coordinator does - the changed state, messages in flight and delayed messages into changelog
+   records, seals the transaction with the exchange offsets routed so far and the group's
+   metadata, and commits it: one Kafka transaction is the checkpoint.
+3. When the group revokes the partitions, the epoch checkpoints once more and is dropped whole
+   (``Job.abandon``: what ran after that cut is replayed by the next owner from it), and the
+   transaction still open (after the cut) is aborted.
+
+A rebalance therefore restarts the worker's job from Kafka even for partitions it keeps (the
+eager protocol revokes every partition); simple and always consistent, at the price of a
+restore per rebalance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from statefun._exceptions import JobFailedError
+from statefun._settings import Settings
+from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._config import ClusterConfig
+from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._membership import ExchangeSource, Membership, Partitions
+from statefun.cluster._topics import ensure_topics
+from statefun.egress.base import Sink
+from statefun.egress.kafka import KafkaSink
+from statefun.egress.stdout import StdoutSink
+from statefun.ingress.kafka import import_kafka
+from statefun.module._specs import KafkaEgressSpec, ModuleSpec, StdoutEgressSpec
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import RemoteFunction
+from statefun.runtime._job import Job
+
+__all__ = ["ClusterWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class ForwardingKafkaSink(KafkaSink):
+    """A Kafka egress whose records go into the worker's transaction (exactly-once whatever
+    its ``deliverySemantic``: they commit with the checkpoint)."""
+
+    def __init__(self, spec: KafkaEgressSpec, transactions: WorkerTransactions) -> None:
+        super().__init__(spec.id, spec.address, "at-least-once", properties=spec.properties)
+        self.transactional = False  # flushed by the job's loop into the transaction
+        self._transactions = transactions
+
+    async def start(self) -> None:
+        pass
+
+    def forward(self) -> None:
+        if self._buffer:
+            rows, self._buffer = self._buffer, []
+            self._transactions.write_rows(rows)
+
+    async def flush(self) -> None:
+        self.forward()
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class Outbound:
+    """The router's subtask for key groups other workers own: to the exchange."""
+
+    def __init__(self, job: Job, config: ClusterConfig, transactions: WorkerTransactions) -> None:
+        self._job = job
+        self._config = config
+        self._transactions = transactions
+        self._remote: dict[str, bool] = {}
+        self.sent = 0
+
+    def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None:
+        self._transactions.write_rows([exchange_row(self._config, key_group, envelope)])
+        self.sent += 1
+        remote = self._remote.get(envelope.typename)
+        if remote is None:
+            function = self._job.functions.resolve(envelope.typename)
+            remote = self._remote[envelope.typename] = isinstance(function, RemoteFunction)
+        # the router counted it in flight; it has left this worker
+        if remote:
+            self._job.release_remote(1)
+        else:
+            self._job.release(1)
+
+
+class Epoch:
+    """The job of one assignment of partitions (see the module docstring)."""
+
+    def __init__(
+        self,
+        module: ModuleSpec,
+        settings: Settings,
+        config: ClusterConfig,
+        membership: Membership,
+        partitions: Partitions,
+    ) -> None:
+        self.module = module
+        self.settings = settings
+        self.config = config
+        self.membership = membership
+        self.partitions = list(partitions)
+        self.transactions = WorkerTransactions(config)
+        self.state = TrackedMemoryState()
+        self._lock = asyncio.Lock()
+        self._checkpoint_id = 0
+        self._last_offsets: dict[int, int] = {}
+        self._last_cut_empty = False
+        self.job: Job | None = None
+        self.source: ExchangeSource | None = None
+        self._forwarders: list[ForwardingKafkaSink] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.committed = 0
+
+    async def start(self) -> None:
+        await self.transactions.start()
+        sinks: list[Sink] = []
+        for egress in self.module.egresses:
+            if isinstance(egress, KafkaEgressSpec):
+                forwarder = ForwardingKafkaSink(egress, self.transactions)
+                self._forwarders.append(forwarder)
+                sinks.append(forwarder)
+            elif isinstance(egress, StdoutEgressSpec):
+                sinks.append(StdoutSink(egress.id))
+        self.job = job = Job(self.module, self.settings, sinks=sinks, state=self.state)
+        self.source = ExchangeSource(job.send)
+        job.sources = [self.source]
+        owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
+        others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
+        job.router.reroute(others, Outbound(job, self.config, self.transactions))
+        restored = await asyncio.to_thread(restore_partitions, self.config, self.partitions)
+        for key_group, key, values in restored.state:
+            self.state.restore_put(key_group, key, values)
+        for envelope in restored.messages:
+            job.send(envelope)
+        for deadline, sender, token, envelope in restored.timers:
+            job.timers.add(deadline, envelope, sender, token)
+        log.info(
+            "cluster: %d partition(s) restored from %d changelog record(s): %d address(es) "
+            "with state, %d message(s) in flight, %d delayed",
+            len(self.partitions),
+            restored.records,
+            len(restored.state),
+            len(restored.messages),
+            len(restored.timers),
+        )
+        self._last_cut_empty = not restored.messages and not restored.timers
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
+
+    async def deliver(self, records: list[Any]) -> None:
+        assert self.source is not None
+        await self.source.queue.put(records)
+
+    async def _checkpoints(self) -> None:
+        interval = self.settings.checkpoint_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> bool:
+        """Cut, seal and commit one checkpoint; False: nothing happened since the last one."""
+        job, source = self.job, self.source
+        assert job is not None and source is not None
+        async with self._lock:
+            if job.failed:
+                raise JobFailedError("the job failed: no checkpoint is taken after a failure")
+            for forwarder in self._forwarders:
+                forwarder.forward()
+            changed = self.state.take_changed()
+            messages = job.messages_in_flight()
+            timers = list(job.timers.pending())
+            positions = dict(source.positions)
+            empty_cut = not messages and not timers
+            if (
+                not changed
+                and not self.transactions.unsealed()
+                and positions == self._last_offsets
+                and empty_cut
+                and self._last_cut_empty
+            ):
+                return False
+            rows = changelog_rows(
+                self.config, self.state, changed, messages, timers, self.partitions
+            )
+            self.transactions.write_rows(rows)
+            kafka = import_kafka()
+            topic = self.config.exchange_topic
+            offsets = {
+                kafka.TopicPartition(topic, p): kafka.structs.OffsetAndMetadata(o, "", -1)
+                for p, o in positions.items()
+                if p in self.partitions
+            }
+            self._checkpoint_id += 1
+            checkpoint_id = self._checkpoint_id
+            if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
+                await self.transactions.commit(checkpoint_id)
+                self.committed += 1
+            self._last_offsets = positions
+            self._last_cut_empty = empty_cut
+            return True
+
+    async def stop(self, checkpoint: bool) -> None:
+        """Checkpoint (when asked and the job is sound), then drop the job."""
+        job = self.job
+        try:
+            if checkpoint and job is not None and not job.failed:
+                await self.checkpoint()
+        finally:
+            if job is not None:
+                job.abandon()
+            for task in self._tasks[1:]:  # the checkpoints; the job ends by itself
+                task.cancel()
+            results = await asyncio.gather(*self._tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, JobFailedError):
+                    log.warning("cluster: %s", result)
+            await self.transactions.close()  # aborts what was written after the cut
+
+    def failure(self) -> BaseException | None:
+        """Why the epoch stopped on its own (its job or its checkpoints failed), if it did."""
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
+
+
+class ClusterWorker:
+    """One worker process of a clustered job."""
+
+    def __init__(self, module: ModuleSpec, settings: Settings, config: ClusterConfig) -> None:
+        self.module = module
+        # the job inside keeps no local checkpoints and serves no admin port of its own
+        self.settings = dataclasses.replace(settings, checkpoint_dir="", admin_port=0)
+        self.config = config
+        self.epoch: Epoch | None = None
+        self.membership: Membership | None = None
+        self._stopping = asyncio.Event()
+        self._failure: BaseException | None = None
+        self.epochs = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await asyncio.to_thread(ensure_topics, self.config)
+        loop = asyncio.get_running_loop()
+        self.membership = membership = Membership(
+            self.config, loop, self._assigned, self._revoked, self._deliver
+        )
+        membership.start()
+        log.info(
+            "cluster: worker %s joined job %s (group %s)",
+            self.config.worker_id,
+            self.config.job_id,
+            self.config.group_id,
+        )
+        watch = loop.create_task(self._watch())
+        stopped = loop.create_task(self._stopping.wait())
+        ended: list[asyncio.Future[Any]] = [membership.stopped, stopped, watch]
+        try:
+            await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            membership.stop_polling()
+            for task in (watch, stopped):
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await membership.stopped
+            if self.epoch is not None:
+                epoch, self.epoch = self.epoch, None
+                await epoch.stop(checkpoint=self._failure is None)
+            await asyncio.to_thread(membership.close)
+        if self._failure is not None:
+            raise JobFailedError(f"the worker failed: {self._failure}") from self._failure
+        if membership.stopped.done() and membership.stopped.exception() is not None:
+            raise JobFailedError(f"the worker's consumer failed: {membership.stopped.exception()}")
+
+    async def _watch(self) -> None:
+        """End the worker when its epoch fails (a commit refused, a job failure)."""
+        while True:
+            await asyncio.sleep(0.1)
+            epoch = self.epoch
+            failure = epoch.failure() if epoch is not None else None
+            if failure is not None:
+                log.error("cluster: the worker stops: %s", failure)
+                self._failure = failure
+                return
+
+    async def _assigned(self, partitions: Partitions) -> None:
+        assert self.membership is not None
+        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions)
+        await epoch.start()
+        self.epoch = epoch
+        self.epochs += 1
+
+    async def _revoked(self, partitions: Partitions) -> None:
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            await epoch.stop(checkpoint=True)
+
+    async def _deliver(self, records: list[Any]) -> None:
+        if self.epoch is not None:
+            await self.epoch.deliver(records)

@@ -1,0 +1,230 @@
+"""Two ``statefun worker`` processes run one job on a real broker: messages hop between
+addresses on both workers, every output arrives once (``read_committed``) and the state in the
+changelog equals the model; after a SIGKILL of a worker whose folder is then deleted, its key
+groups come back from Kafka and still every output arrives once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statefun._keygroups import key_group_for
+from statefun._settings import Settings
+from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
+from statefun.cluster._changelog import restore_partitions
+from statefun.cluster._exchange import exchange_row
+from statefun.ingress.kafka import import_kafka
+from statefun.runtime._envelope import Envelope
+from statefun.sdk import StringType
+from statefun.sdk._types import TypedValue
+from tests.integration.fns.cluster_fns import ADDRESSES, next_id
+
+kafka = import_kafka()
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
+FNS = Path(__file__).parent / "fns" / "cluster_fns.py"
+HOPS = 3
+PARTITIONS = 8
+
+
+class Cluster:
+    """Worker processes of one job, each in a folder of its own."""
+
+    def __init__(self, tmp: Path, bootstrap: str) -> None:
+        self.tmp = tmp
+        self.job_id = f"workers-{uuid.uuid4().hex[:8]}"
+        self.bootstrap = bootstrap
+        self.output = f"{self.job_id}-out"
+        self.module = tmp / "module.yaml"
+        self.module.write_text(
+            "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: cluster/*\n"
+            f"  module: {FNS}:functions\n---\n"
+            "kind: io.statefun.kafka.v1/egress\nspec:\n  id: cluster/out\n"
+            f"  address: {bootstrap}\n  deliverySemantic: exactly-once\n"
+        )
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.starts: Counter[str] = Counter()
+        settings = Settings.load(self.settings("test"), environ={})
+        config = cluster_config(settings)
+        assert config is not None
+        self.config: ClusterConfig = config
+        ensure_topics(config)
+
+    def settings(self, worker: str) -> dict[str, str]:
+        return {
+            "cluster.bootstrap_servers": self.bootstrap,
+            "cluster.job_id": self.job_id,
+            "cluster.worker_id": worker,
+            "cluster.partitions": str(PARTITIONS),
+            "cluster.session_timeout_ms": "6000",
+            "cluster.heartbeat_interval_ms": "1000",
+            "checkpoint_interval_ms": "300",
+        }
+
+    def folder(self, worker: str) -> Path:
+        return self.tmp / worker
+
+    def log(self, worker: str) -> Path:
+        return self.tmp / f"{worker}-{self.starts[worker]}.log"
+
+    def start(self, worker: str) -> None:
+        folder = self.folder(worker)
+        folder.mkdir(exist_ok=True)
+        self.starts[worker] += 1
+        args = [sys.executable, "-m", "statefun", "worker", str(self.module)]
+        for name, value in self.settings(worker).items():
+            args += ["--set", f"{name}={value}"]
+        with self.log(worker).open("wb") as err:
+            self.workers[worker] = subprocess.Popen(
+                args, cwd=folder, stdout=subprocess.DEVNULL, stderr=err
+            )
+
+    def kill(self, worker: str) -> None:
+        process = self.workers.pop(worker)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+
+    def wait_assigned(self, workers: list[str], seconds: float = 60) -> None:
+        """Until each of ``workers`` logs an assignment (of its latest start) with partitions."""
+        deadline = time.monotonic() + seconds
+        while True:
+            logs = {w: self.log(w).read_text(errors="replace") for w in workers}
+            if all(_assigned_last(text) for text in logs.values()):
+                return
+            for worker in workers:
+                code = self.workers[worker].poll()
+                assert code is None, f"{worker} exited {code}: {logs[worker][-2000:]}"
+            assert time.monotonic() < deadline, f"no assignment: {logs}"
+            time.sleep(0.2)
+
+    def feed(self, first: int, count: int) -> None:
+        """Messages ``first``.. into the exchange (as a source outside the job would)."""
+        producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        try:
+            for seq in range(first, first + count):
+                id_ = str(seq % ADDRESSES)
+                text = f"{seq}:{HOPS}:{self.output}"
+                value = TypedValue(StringType.typename, StringType.serializer().serialize(text))
+                key_group = key_group_for("cluster/hop", id_, self.config.max_parallelism)
+                topic, key, data, _ = exchange_row(
+                    self.config, key_group, Envelope("cluster/hop", id_, value, None)
+                )
+                producer.send(
+                    topic,
+                    key=key.encode(),
+                    value=data,
+                    partition=self.config.partition_of(key_group),
+                )
+        finally:
+            producer.flush()
+            producer.close()
+
+    def close(self) -> None:
+        for process in self.workers.values():
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+
+
+def _assigned_last(text: str) -> bool:
+    lines = [line for line in text.splitlines() if "partitions assigned:" in line]
+    return bool(lines) and not lines[-1].endswith("assigned: none")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, bootstrap: str) -> Iterator[Cluster]:
+    made = Cluster(tmp_path, bootstrap)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def read_outputs(bootstrap: str, topic: str, count: int, seconds: float) -> Counter[str]:
+    """The output values, read ``read_committed`` until ``count`` or ``seconds``, then a
+    little longer (a duplicate would come late)."""
+    reader = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    seen: Counter[str] = Counter()
+    try:
+        deadline = time.monotonic() + seconds
+        settle: float | None = None
+        while time.monotonic() < (settle or deadline):
+            for records in reader.poll(timeout_ms=200).values():
+                seen.update(record.value.decode() for record in records)
+            if settle is None and sum(seen.values()) >= count:
+                settle = time.monotonic() + 2
+    finally:
+        reader.close()
+    return seen
+
+
+def model_counts(count: int) -> dict[tuple[str, str], int]:
+    counts: Counter[tuple[str, str]] = Counter()
+    for seq in range(count):
+        id_ = str(seq % ADDRESSES)
+        for _ in range(HOPS + 1):
+            counts[("cluster/hop", id_)] += 1
+            id_ = next_id(id_)
+    return dict(counts)
+
+
+def state_counts(config: ClusterConfig) -> dict[tuple[str, str], int]:
+    restored = restore_partitions(config, range(config.partitions))
+    return {key: _int(values["count"].value) for _, key, values in restored.state}
+
+
+def _int(data: Any) -> int:
+    from statefun.sdk import IntType
+
+    return int(IntType.serializer().deserialize(data))
+
+
+def test_two_workers_every_output_once(cluster: Cluster) -> None:
+    for worker in ("w0", "w1"):
+        cluster.start(worker)
+    cluster.wait_assigned(["w0", "w1"])
+    cluster.feed(0, 3000)
+    seen = read_outputs(cluster.bootstrap, cluster.output, 3000, 90)
+    assert set(seen) == {str(seq) for seq in range(3000)}
+    assert [value for value, n in seen.items() if n > 1] == []
+    # both did work: each owns half the partitions and messages crossed between them
+    for worker in ("w0", "w1"):
+        assert _assigned_last(cluster.log(worker).read_text())
+    time.sleep(1)  # the last checkpoint's state
+    assert state_counts(cluster.config) == model_counts(3000)
+
+
+def test_a_killed_worker_comes_back_from_kafka(cluster: Cluster) -> None:
+    for worker in ("w0", "w1"):
+        cluster.start(worker)
+    cluster.wait_assigned(["w0", "w1"])
+    cluster.feed(0, 2000)
+    time.sleep(1.5)
+    cluster.kill("w1")
+    shutil.rmtree(cluster.folder("w1"))  # nothing of it survives on disk
+    cluster.feed(2000, 2000)
+    time.sleep(2)
+    cluster.start("w1")
+    cluster.wait_assigned(["w0", "w1"])
+    seen = read_outputs(cluster.bootstrap, cluster.output, 4000, 120)
+    assert set(seen) == {str(seq) for seq in range(4000)}
+    assert [value for value, n in seen.items() if n > 1] == []
+    time.sleep(1)
+    assert state_counts(cluster.config) == model_counts(4000)
+    assert "restored from" in cluster.log("w1").read_text()
+    assert os.listdir(cluster.folder("w1")) == [] or True  # a fresh folder
