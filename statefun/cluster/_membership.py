@@ -1,9 +1,11 @@
 """A worker's membership in its job's consumer group, and the exchange records it reads.
 
 ``Membership`` runs one kafka-python consumer on a thread of its own (kafka-python blocks): it
-is the worker's member of the group ``pystatefun.<job>``, subscribed to the exchange topic,
-reading ``read_committed``. The group's assignment of exchange partitions is the worker's
-ownership of key groups. Its rebalance callbacks run inside ``poll`` on that thread; each hands
+is the worker's member of the group ``pystatefun.<job>``, subscribed to the exchange topic
+and the job's Kafka ingress topics, reading ``read_committed``. The group's assignment of
+exchange partitions is the worker's ownership of key groups; of input partitions, the records
+it reads (an input partition without committed offsets starts where its ingress says:
+earliest or latest). Its rebalance callbacks run inside ``poll`` on that thread; each hands
 the change to the event loop and waits until the loop is done with it, so that:
 
 * revoked partitions are checkpointed and committed (with this generation's metadata, which is
@@ -24,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from statefun.cluster._config import ClusterConfig
@@ -77,11 +79,14 @@ class Membership:
         self,
         config: ClusterConfig,
         loop: asyncio.AbstractEventLoop,
-        assigned: Callable[[Partitions], Awaitable[None]],
+        assigned: Callable[[Partitions, list[tuple[str, int]]], Awaitable[None]],
         revoked: Callable[[Partitions], Awaitable[None]],
         deliver: Callable[[list[Any]], Awaitable[None]],
+        inputs: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        #: input topic -> where a partition without committed offsets starts: earliest, latest
+        self.inputs = dict(inputs or {})
         self._loop = loop
         self._assigned = assigned
         self._revoked = revoked
@@ -93,8 +98,9 @@ class Membership:
             target=self._run, name=f"cluster-{config.worker_id}", daemon=True
         )
         self.stopped: asyncio.Future[None] = loop.create_future()
-        #: the partitions the group assigned to this worker now
+        #: the exchange partitions (key groups) and input partitions assigned to this worker
         self.partitions: Partitions = []
+        self.input_partitions: list[tuple[str, int]] = []
         self.generation = -1
 
     def start(self) -> None:
@@ -111,7 +117,8 @@ class Membership:
             heartbeat_interval_ms=config.heartbeat_interval_ms,
             max_poll_records=MAX_POLL_RECORDS,
         )
-        self._consumer.subscribe([config.exchange_topic], listener=_Listener(self))
+        topics = [config.exchange_topic, *sorted(self.inputs)]
+        self._consumer.subscribe(topics, listener=_Listener(self))
         self._thread.start()
 
     def group_metadata(self) -> Any:
@@ -145,18 +152,23 @@ class Membership:
 
     def revoked(self, partitions: Partitions) -> None:
         log.info("cluster: partitions revoked: %s", _ranges(partitions))
-        self.partitions = []
+        self.partitions, self.input_partitions = [], []
         self._on_loop(self._revoked(partitions))
 
-    def assigned(self, partitions: Partitions) -> None:
+    def assigned(self, partitions: Partitions, inputs: list[Any]) -> None:
         self.generation = self._consumer.group_metadata().generation_id
         self.partitions = sorted(partitions)
+        self.input_partitions = sorted((tp.topic, tp.partition) for tp in inputs)
+        for tp in inputs:  # an input partition no worker read yet starts as its ingress says
+            if self.inputs.get(tp.topic) == "latest" and self._consumer.committed(tp) is None:
+                self._consumer.seek_to_end(tp)
         log.info(
-            "cluster: generation %d: partitions assigned: %s",
+            "cluster: generation %d: partitions assigned: %s; input partitions: %s",
             self.generation,
             _ranges(self.partitions),
+            ", ".join(f"{t}:{p}" for t, p in self.input_partitions) or "none",
         )
-        self._on_loop(self._assigned(self.partitions))
+        self._on_loop(self._assigned(self.partitions, self.input_partitions))
 
 
 def _listener_base() -> Any:
@@ -174,7 +186,10 @@ class _Listener(_listener_base()):  # type: ignore[misc]
         self._membership.revoked([tp.partition for tp in revoked if tp.topic == self._topic])
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        self._membership.assigned([tp.partition for tp in assigned if tp.topic == self._topic])
+        self._membership.assigned(
+            [tp.partition for tp in assigned if tp.topic == self._topic],
+            [tp for tp in assigned if tp.topic != self._topic],
+        )
 
 
 async def _awaited(work: Awaitable[None]) -> None:

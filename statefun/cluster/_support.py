@@ -34,10 +34,18 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
                 "holding the caller's connection); feed a clustered job through Kafka"
             )
         elif isinstance(ingress, KafkaIngressSpec):
-            found.append(
-                f"ingress {ingress.id}{where}: a Kafka ingress cannot run clustered yet (its "
-                "partitions are not yet assigned by the job's group)"
-            )
+            if bootstrap and ingress.address != bootstrap:
+                found.append(
+                    f"ingress {ingress.id}{where}: its address {ingress.address} is not the "
+                    f"job's Kafka cluster ({bootstrap}); a clustered job's input offsets commit "
+                    "in the worker's transaction, so they must be on the same cluster"
+                )
+            if ingress.startup_position not in ("earliest", "latest"):
+                found.append(
+                    f"ingress {ingress.id}{where}: startupPosition {ingress.startup_position} "
+                    "cannot be used clustered yet (earliest or latest: where an input partition "
+                    "no worker has read starts)"
+                )
         elif isinstance(ingress, FileIngressSpec):
             found.append(
                 f"ingress {ingress.id}{where}: a file ingress cannot run clustered (the file is "

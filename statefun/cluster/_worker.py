@@ -37,13 +37,19 @@ from statefun._settings import Settings
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._ingress import ClusteredKafkaSource
 from statefun.cluster._membership import ExchangeSource, Membership, Partitions
 from statefun.cluster._topics import ensure_topics
 from statefun.egress.base import Sink
 from statefun.egress.kafka import KafkaSink
 from statefun.egress.stdout import StdoutSink
 from statefun.ingress.kafka import import_kafka
-from statefun.module._specs import KafkaEgressSpec, ModuleSpec, StdoutEgressSpec
+from statefun.module._specs import (
+    KafkaEgressSpec,
+    KafkaIngressSpec,
+    ModuleSpec,
+    StdoutEgressSpec,
+)
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import RemoteFunction
 from statefun.runtime._job import Job
@@ -111,17 +117,21 @@ class Epoch:
         config: ClusterConfig,
         membership: Membership,
         partitions: Partitions,
+        input_partitions: list[tuple[str, int]],
     ) -> None:
         self.module = module
         self.settings = settings
         self.config = config
         self.membership = membership
         self.partitions = list(partitions)
+        self.input_partitions = set(input_partitions)
+        self.ingresses: list[ClusteredKafkaSource] = []
+        self._by_topic: dict[str, ClusteredKafkaSource] = {}
         self.transactions = WorkerTransactions(config)
         self.state = TrackedMemoryState()
         self._lock = asyncio.Lock()
         self._checkpoint_id = 0
-        self._last_offsets: dict[int, int] = {}
+        self._last_offsets: dict[tuple[str, int], int] = {}
         self._last_cut_empty = False
         self.job: Job | None = None
         self.source: ExchangeSource | None = None
@@ -141,7 +151,12 @@ class Epoch:
                 sinks.append(StdoutSink(egress.id))
         self.job = job = Job(self.module, self.settings, sinks=sinks, state=self.state)
         self.source = ExchangeSource(job.send)
-        job.sources = [self.source]
+        for ingress in self.module.ingresses:
+            if isinstance(ingress, KafkaIngressSpec):
+                source = ClusteredKafkaSource(ingress)
+                self.ingresses.append(source)
+                self._by_topic.update(dict.fromkeys(source.topics, source))
+        job.sources = [self.source, *self.ingresses]
         owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
         others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
         job.router.reroute(others, Outbound(job, self.config, self.transactions))
@@ -166,8 +181,31 @@ class Epoch:
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
 
     async def deliver(self, records: list[Any]) -> None:
+        """A poll's records: the exchange's to keyBy, the inputs' to their ingress."""
         assert self.source is not None
-        await self.source.queue.put(records)
+        exchange = self.config.exchange_topic
+        if all(record.topic == exchange for record in records):
+            await self.source.queue.put(records)
+            return
+        split: dict[Any, list[Any]] = {}
+        for record in records:
+            target = self.source if record.topic == exchange else self._by_topic[record.topic]
+            split.setdefault(target, []).append(record)
+        for target, part in split.items():
+            await target.queue.put(part)
+
+    def _positions(self) -> dict[tuple[str, int], int]:
+        """Every partition this epoch consumed: the offset after the last record routed."""
+        assert self.source is not None
+        exchange = self.config.exchange_topic
+        positions = {
+            (exchange, p): o for p, o in self.source.positions.items() if p in self.partitions
+        }
+        for ingress in self.ingresses:
+            for key, offset in ingress.positions().items():
+                if key in self.input_partitions:
+                    positions[key] = offset
+        return positions
 
     async def _checkpoints(self) -> None:
         interval = self.settings.checkpoint_interval_ms / 1000
@@ -187,7 +225,7 @@ class Epoch:
             changed = self.state.take_changed()
             messages = job.messages_in_flight()
             timers = list(job.timers.pending())
-            positions = dict(source.positions)
+            positions = self._positions()
             empty_cut = not messages and not timers
             if (
                 not changed
@@ -202,11 +240,9 @@ class Epoch:
             )
             self.transactions.write_rows(rows)
             kafka = import_kafka()
-            topic = self.config.exchange_topic
             offsets = {
-                kafka.TopicPartition(topic, p): kafka.structs.OffsetAndMetadata(o, "", -1)
-                for p, o in positions.items()
-                if p in self.partitions
+                kafka.TopicPartition(t, p): kafka.structs.OffsetAndMetadata(o, "", -1)
+                for (t, p), o in positions.items()
             }
             self._checkpoint_id += 1
             checkpoint_id = self._checkpoint_id
@@ -262,8 +298,14 @@ class ClusterWorker:
     async def run(self) -> None:
         await asyncio.to_thread(ensure_topics, self.config)
         loop = asyncio.get_running_loop()
+        inputs = {
+            topic.topic: ingress.startup_position
+            for ingress in self.module.ingresses
+            if isinstance(ingress, KafkaIngressSpec)
+            for topic in ingress.topics
+        }
         self.membership = membership = Membership(
-            self.config, loop, self._assigned, self._revoked, self._deliver
+            self.config, loop, self._assigned, self._revoked, self._deliver, inputs
         )
         membership.start()
         log.info(
@@ -303,9 +345,9 @@ class ClusterWorker:
                 self._failure = failure
                 return
 
-    async def _assigned(self, partitions: Partitions) -> None:
+    async def _assigned(self, partitions: Partitions, inputs: list[tuple[str, int]]) -> None:
         assert self.membership is not None
-        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions)
+        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions, inputs)
         await epoch.start()
         self.epoch = epoch
         self.epochs += 1

@@ -1,5 +1,6 @@
-"""Two ``statefun worker`` processes run one job on a real broker: messages hop between
-addresses on both workers, every output arrives once (``read_committed``) and the state in the
+"""Two ``statefun worker`` processes run one job on a real broker: records of a Kafka ingress
+topic (its partitions shared out by the job's group) start messages that hop between addresses
+on both workers, every output arrives once (``read_committed``) and the state in the
 changelog equals the model; after a SIGKILL of a worker whose folder is then deleted, its key
 groups come back from Kafka and still every output arrives once."""
 
@@ -19,15 +20,11 @@ from typing import Any
 
 import pytest
 
-from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._changelog import restore_partitions
-from statefun.cluster._exchange import exchange_row
 from statefun.ingress.kafka import import_kafka
-from statefun.runtime._envelope import Envelope
 from statefun.sdk import StringType
-from statefun.sdk._types import TypedValue
 from tests.integration.fns.cluster_fns import ADDRESSES, next_id
 
 kafka = import_kafka()
@@ -46,12 +43,25 @@ class Cluster:
         self.bootstrap = bootstrap
         self.output = f"{self.job_id}-out"
         self.module = tmp / "module.yaml"
+        self.input = f"{self.job_id}-in"
         self.module.write_text(
             "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: cluster/*\n"
             f"  module: {FNS}:functions\n---\n"
+            "kind: io.statefun.kafka.v1/ingress\nspec:\n  id: cluster/in\n"
+            f"  address: {bootstrap}\n  startupPosition:\n    type: earliest\n"
+            f"  topics:\n    - topic: {self.input}\n"
+            "      valueType: io.statefun.types/string\n      targets: [cluster/hop]\n---\n"
             "kind: io.statefun.kafka.v1/egress\nspec:\n  id: cluster/out\n"
             f"  address: {bootstrap}\n  deliverySemantic: exactly-once\n"
         )
+        admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.create_topics(
+                {self.input: {"num_partitions": 4, "replication_factor": 1}},
+                wait_for_metadata=True,
+            )
+        finally:
+            admin.close()
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
         settings = Settings.load(self.settings("test"), environ={})
@@ -108,22 +118,15 @@ class Cluster:
             time.sleep(0.2)
 
     def feed(self, first: int, count: int) -> None:
-        """Messages ``first``.. into the exchange (as a source outside the job would)."""
+        """Messages ``first``.. to the job's Kafka ingress topic (key: the function id)."""
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
         try:
             for seq in range(first, first + count):
-                id_ = str(seq % ADDRESSES)
                 text = f"{seq}:{HOPS}:{self.output}"
-                value = TypedValue(StringType.typename, StringType.serializer().serialize(text))
-                key_group = key_group_for("cluster/hop", id_, self.config.max_parallelism)
-                topic, key, data, _ = exchange_row(
-                    self.config, key_group, Envelope("cluster/hop", id_, value, None)
-                )
                 producer.send(
-                    topic,
-                    key=key.encode(),
-                    value=data,
-                    partition=self.config.partition_of(key_group),
+                    self.input,
+                    key=str(seq % ADDRESSES).encode(),
+                    value=StringType.serializer().serialize(text),
                 )
         finally:
             producer.flush()

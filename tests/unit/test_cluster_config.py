@@ -128,15 +128,15 @@ spec:
 """
 
 
-def test_functions_and_a_kafka_egress_on_the_job_cluster_run_clustered(tmp_path: Path) -> None:
+def test_functions_and_kafka_in_and_out_on_the_job_cluster_run_clustered(tmp_path: Path) -> None:
     path = tmp_path / "module.yaml"
-    path.write_text(MODULE.split("---")[0] + "---" + MODULE.split("---")[2])
+    path.write_text(MODULE)
     module = load_module(path)
     assert unsupported(module, _settings(), "127.0.0.1:9092") == []
     check_clusterable(module, _settings(), from_savepoint=False, bootstrap="127.0.0.1:9092")
 
 
-def test_a_kafka_egress_on_another_cluster_and_a_kafka_ingress_are_refused(
+def test_kafka_on_another_cluster_and_other_startup_positions_are_refused(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "module.yaml"
@@ -144,7 +144,17 @@ def test_a_kafka_egress_on_another_cluster_and_a_kafka_ingress_are_refused(
     module = load_module(path)
     reasons = unsupported(module, _settings(), "10.0.0.1:9092")
     assert [r.split(" (")[0] for r in reasons] == ["ingress example/in", "egress example/out"]
-    assert "is not the job's Kafka cluster (10.0.0.1:9092)" in reasons[1]
+    assert all("is not the job's Kafka cluster (10.0.0.1:9092)" in r for r in reasons)
+    path.write_text(
+        MODULE.replace(
+            "  consumerGroupId: g\n",
+            "  consumerGroupId: g\n  startupPosition:\n    type: group-offsets\n",
+        )
+    )
+    reasons = unsupported(load_module(path), _settings(), "127.0.0.1:9092")
+    assert (
+        len(reasons) == 1 and "startupPosition group-offsets cannot be used clustered" in reasons[0]
+    )
 
 
 def test_what_cannot_run_clustered_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -152,11 +162,11 @@ def test_what_cannot_run_clustered_is_refused_in_one_line(tmp_path: Path) -> Non
     path.write_text(MODULE + REFUSED)
     module = load_module(path)
     reasons = unsupported(module, _settings(state_backend="rocksdb"))
-    assert [r.split(":")[0] for r in reasons][1:] == [
+    assert [r.split(":")[0] for r in reasons] == [
         "ingress example/http (" + str(path) + ", document 4 (io.pystatefun.http.v1/ingress))",
         "egress example/file (" + str(path) + ", document 5 (io.pystatefun.file.v1/egress))",
         "state_backend=rocksdb",
     ]
-    refused = r"^cluster: ingress example/in .* \(and 4 more\)$"
+    refused = r"^cluster: ingress example/http .* \(and 3 more\)$"
     with pytest.raises(ConfigurationError, match=refused):
         check_clusterable(module, _settings(state_backend="rocksdb"), from_savepoint=True)
