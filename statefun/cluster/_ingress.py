@@ -45,6 +45,10 @@ class ClusteredKafkaSource(KafkaSource):
         while True:
             await self._route_all(await self.queue.get(), routes, context)
 
+    def start_at(self, positions: dict[tuple[str, int], int]) -> None:
+        """Where this epoch's input partitions start (until a record is routed)."""
+        self._positions.update((k, o) for k, o in positions.items() if k[0] in self.topics)
+
     def positions(self) -> dict[tuple[str, int], int]:
         """(topic, partition) -> the offset after the last record routed."""
         return dict(self._positions)

@@ -6,13 +6,17 @@ and the job's Kafka ingress topics, reading ``read_committed``. The group's assi
 exchange partitions is the worker's ownership of key groups; of input partitions, the records
 it reads (an input partition without committed offsets starts where its ingress says:
 earliest or latest). Its rebalance callbacks run inside ``poll`` on that thread; each hands
-the change to the event loop and waits until the loop is done with it, so that:
+the change on, so that:
 
 * revoked partitions are checkpointed and committed (with this generation's metadata, which is
   still valid: the eager protocol calls ``on_partitions_revoked`` before it joins again) and
-  dropped before the group moves them;
-* assigned partitions are restored from the changelog before any of their exchange records is
-  fetched (they are fetched from the offsets the previous owner committed).
+  dropped before the group moves them: the callback waits for the event loop;
+* assigned partitions are restored from the changelog before any of their records is routed:
+  the callback pauses them (kafka-python runs callbacks on its network thread, where its
+  blocking calls are refused), and the polling thread, after that poll, finds where each starts,
+  has the loop restore the epoch and resumes them; records the poll fetched before the pause
+  are sought back to and fetched again. They start from the offsets the previous owner
+  committed.
 
 Fetched records go to the loop a poll at a time, and the thread waits while the loop holds two
 unrouted polls (bounded: backpressure reaches the broker as fetches not made).
@@ -101,6 +105,10 @@ class Membership:
         #: the exchange partitions (key groups) and input partitions assigned to this worker
         self.partitions: Partitions = []
         self.input_partitions: list[tuple[str, int]] = []
+        #: (topic, partition) -> the offset the consumer starts from, at the last assignment
+        self.start_positions: dict[tuple[str, int], int] = {}
+        #: an assignment the callback saw and the polling thread has not taken yet
+        self._pending: tuple[Partitions, list[Any]] | None = None
         self.generation = -1
 
     def start(self) -> None:
@@ -142,6 +150,9 @@ class Membership:
         try:
             while not self._stop.is_set():
                 polled = self._consumer.poll(timeout_ms=100)
+                pending, self._pending = self._pending, None
+                if pending is not None:
+                    polled = self._take_assignment(pending, polled)
                 records = [record for batch in polled.values() for record in batch]
                 if records:
                     self._on_loop(self._deliver(records))
@@ -150,25 +161,52 @@ class Membership:
             return
         self._loop.call_soon_threadsafe(_set_result, self.stopped)
 
-    def revoked(self, partitions: Partitions) -> None:
-        log.info("cluster: partitions revoked: %s", _ranges(partitions))
-        self.partitions, self.input_partitions = [], []
-        self._on_loop(self._revoked(partitions))
-
-    def assigned(self, partitions: Partitions, inputs: list[Any]) -> None:
-        self.generation = self._consumer.group_metadata().generation_id
-        self.partitions = sorted(partitions)
-        self.input_partitions = sorted((tp.topic, tp.partition) for tp in inputs)
+    def _take_assignment(self, pending: tuple[Partitions, list[Any]], polled: Any) -> Any:
+        """On this thread, after the poll that assigned them (kafka-python's callbacks run on
+        its network thread, where its blocking calls are refused): where each partition
+        starts, the epoch restored, then the partitions resumed."""
+        partitions, inputs = pending
+        kafka = import_kafka()
+        topic = self.config.exchange_topic
+        assigned = [kafka.TopicPartition(topic, p) for p in partitions] + list(inputs)
+        fresh = set(assigned)
+        for tp, records in polled.items():  # fetched before the pause took: fetched again
+            if tp in fresh and records:
+                self._consumer.seek(tp, records[0].offset)
+        polled = {tp: records for tp, records in polled.items() if tp not in fresh}
         for tp in inputs:  # an input partition no worker read yet starts as its ingress says
             if self.inputs.get(tp.topic) == "latest" and self._consumer.committed(tp) is None:
                 self._consumer.seek_to_end(tp)
+        # Every checkpoint of the epoch commits an offset for each partition, so that every
+        # commit of this member is checked against its generation (fenced).
+        self.start_positions = {
+            (tp.topic, tp.partition): self._consumer.position(tp) for tp in assigned
+        }
+        self._on_loop(self._assigned(self.partitions, self.input_partitions))
+        self._consumer.resume(*assigned)
+        return polled
+
+    def revoked(self, partitions: Partitions) -> None:
+        log.info("cluster: partitions revoked: %s", _ranges(sorted(partitions)))
+        self.partitions, self.input_partitions = [], []
+        self._pending = None
+        self._on_loop(self._revoked(partitions))
+
+    def assigned(self, partitions: Partitions, inputs: list[Any]) -> None:
+        """(kafka-python's network thread: no blocking call of the consumer here.)"""
+        self.generation = self._consumer.group_metadata().generation_id
+        self.partitions = sorted(partitions)
+        self.input_partitions = sorted((tp.topic, tp.partition) for tp in inputs)
         log.info(
             "cluster: generation %d: partitions assigned: %s; input partitions: %s",
             self.generation,
             _ranges(self.partitions),
             ", ".join(f"{t}:{p}" for t, p in self.input_partitions) or "none",
         )
-        self._on_loop(self._assigned(self.partitions, self.input_partitions))
+        kafka = import_kafka()
+        topic = self.config.exchange_topic
+        self._consumer.pause(*[kafka.TopicPartition(topic, p) for p in partitions], *inputs)
+        self._pending = (self.partitions, list(inputs))
 
 
 def _listener_base() -> Any:

@@ -157,6 +157,13 @@ class Epoch:
                 self.ingresses.append(source)
                 self._by_topic.update(dict.fromkeys(source.topics, source))
         job.sources = [self.source, *self.ingresses]
+        starts = self.membership.start_positions
+        exchange = self.config.exchange_topic
+        self.source.positions.update(
+            (p, starts[(exchange, p)]) for p in self.partitions if (exchange, p) in starts
+        )
+        for source in self.ingresses:
+            source.start_at(starts)
         owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
         others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
         job.router.reroute(others, Outbound(job, self.config, self.transactions))

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._changelog import restore_partitions
@@ -231,3 +233,106 @@ def test_a_killed_worker_comes_back_from_kafka(cluster: Cluster) -> None:
     assert state_counts(cluster.config) == model_counts(4000)
     assert "restored from" in cluster.log("w1").read_text()
     assert os.listdir(cluster.folder("w1")) == [] or True  # a fresh folder
+
+
+class Feeder(threading.Thread):
+    """Feeds ``rate`` records per second to the job's input until stopped."""
+
+    def __init__(self, cluster: Cluster, rate: int = 300) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.rate, self.fed = cluster, rate, 0
+        self.stop_feeding = threading.Event()
+
+    def run(self) -> None:
+        step = max(1, self.rate // 10)
+        while not self.stop_feeding.is_set():
+            self.cluster.feed(self.fed, step)
+            self.fed += step
+            time.sleep(0.1)
+
+
+class Reader(threading.Thread):
+    """Reads the job's output ``read_committed`` as it comes: (time, key, value)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.seen: list[tuple[float, str, str]] = []
+        self.stop_reading = threading.Event()
+        self.consumer = kafka.KafkaConsumer(
+            cluster.output,
+            bootstrap_servers=cluster.bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+
+    def run(self) -> None:
+        try:
+            while not self.stop_reading.is_set():
+                for records in self.consumer.poll(timeout_ms=100).values():
+                    now = time.monotonic()
+                    self.seen += [(now, r.key.decode(), r.value.decode()) for r in records]
+        finally:
+            self.consumer.close()
+
+
+def _partitions_of(log: str) -> set[int]:
+    """The exchange partitions of a worker's last assignment, from its log."""
+    line = [line for line in log.splitlines() if "partitions assigned:" in line][-1]
+    text = line.split("partitions assigned: ")[1].split(";")[0]
+    found: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def rebalance_gap(cluster: Cluster, reader: Reader, moved: set[int], since: float) -> float:
+    """Seconds from ``since`` to the first output of a key in ``moved`` partitions after it."""
+    max_p = cluster.config.max_parallelism
+    for at, key, _ in reader.seen:
+        partition = cluster.config.partition_of(key_group_for("cluster/hop", key, max_p))
+        if at > since and partition in moved:
+            return at - since
+    raise AssertionError("no output of the moved key groups after the rebalance")
+
+
+def test_a_paused_worker_is_fenced_and_its_key_groups_move(cluster: Cluster) -> None:
+    """SIGSTOP past the session timeout: the other worker takes over; the paused one, resumed,
+    cannot commit anything for what it lost (KIP-447), and every output still arrives once."""
+    for worker in ("w0", "w1"):
+        cluster.start(worker)
+    cluster.wait_assigned(["w0", "w1"])
+    feeder, reader = Feeder(cluster), Reader(cluster)
+    feeder.start()
+    reader.start()
+    try:
+        time.sleep(3)
+        moved = _partitions_of(cluster.log("w1").read_text())
+        paused = time.monotonic()
+        cluster.workers["w1"].send_signal(signal.SIGSTOP)
+        time.sleep(6 + 6)  # past the session timeout (6 s)
+        cluster.workers["w1"].send_signal(signal.SIGCONT)
+        gap = rebalance_gap(cluster, reader, moved, paused)
+        print(f"\nrebalance after SIGSTOP of a worker: {gap:.2f} s (session timeout 6 s)")
+        time.sleep(8)
+        if cluster.workers["w1"].poll() is not None:  # fenced: it stopped itself
+            assert cluster.workers["w1"].returncode == 1
+            cluster.start("w1")
+        cluster.wait_assigned(["w0", "w1"])
+        time.sleep(2)
+    finally:
+        feeder.stop_feeding.set()
+        feeder.join()
+    fed = feeder.fed
+    deadline = time.monotonic() + 90
+    while len(reader.seen) < fed and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    reader.stop_reading.set()
+    reader.join()
+    seen = Counter(value for _, _, value in reader.seen)
+    assert set(seen) == {str(seq) for seq in range(fed)}
+    assert [value for value, n in seen.items() if n > 1] == []
+    time.sleep(1)
+    assert state_counts(cluster.config) == model_counts(fed)
