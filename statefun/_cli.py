@@ -352,6 +352,12 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     _command.add_worker_arguments(parser)
 
 
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun.cluster import _status
+
+    _status.add_status_arguments(parser)
+
+
 # -- the registry and main -----------------------------------------------------------------
 
 
@@ -443,6 +449,12 @@ COMMANDS: list[Command] = [
         "run one worker of a clustered job on Kafka (docs/guide/cluster.md)",
         _worker_arguments,
         _runtime_command("worker", "statefun.cluster._command"),
+    ),
+    Command(
+        "status",
+        "which worker of a clustered job owns which key groups and input partitions",
+        _status_arguments,
+        _runtime_command("status", "statefun.cluster._status"),
     ),
 ]
 

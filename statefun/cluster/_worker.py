@@ -84,13 +84,19 @@ class ForwardingKafkaSink(KafkaSink):
 
 
 class Outbound:
-    """The router's subtask for key groups other workers own: to the exchange."""
+    """The router's subtask for key groups other workers own: to the exchange.
 
-    def __init__(self, job: Job, config: ClusterConfig, transactions: WorkerTransactions) -> None:
+    A message sent here has left this worker, so it leaves the in-flight counts the router
+    added - in the next loop step, not inside ``offer``: ``Router.emit_many`` keeps the counts
+    in locals while it routes and writes them back after, so a release inside ``offer`` would
+    be lost (and the sources' gate would stay shut)."""
+
+    def __init__(self, job: Job, config: ClusterConfig, transactions: Any) -> None:
         self._job = job
         self._config = config
         self._transactions = transactions
         self._remote: dict[str, bool] = {}
+        self._owed = [0, 0]  # messages left, not released yet: embedded, remote
         self.sent = 0
 
     def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None:
@@ -100,11 +106,18 @@ class Outbound:
         if remote is None:
             function = self._job.functions.resolve(envelope.typename)
             remote = self._remote[envelope.typename] = isinstance(function, RemoteFunction)
-        # the router counted it in flight; it has left this worker
+        owed = self._owed
+        if owed[0] == owed[1] == 0:
+            asyncio.get_running_loop().call_soon(self._release)
+        owed[remote] += 1
+
+    def _release(self) -> None:
+        embedded, remote = self._owed
+        self._owed = [0, 0]
         if remote:
-            self._job.release_remote(1)
-        else:
-            self._job.release(1)
+            self._job.release_remote(remote)
+        if embedded:
+            self._job.release(embedded)
 
 
 class Epoch:

@@ -207,9 +207,24 @@ def test_two_workers_every_output_once(cluster: Cluster) -> None:
     seen = read_outputs(cluster.bootstrap, cluster.output, 3000, 90)
     assert set(seen) == {str(seq) for seq in range(3000)}
     assert [value for value, n in seen.items() if n > 1] == []
-    # both did work: each owns half the partitions and messages crossed between them
-    for worker in ("w0", "w1"):
-        assert _assigned_last(cluster.log(worker).read_text())
+    # statefun status: each worker owns half the partitions and input partitions
+    args = [sys.executable, "-m", "statefun", "status"]
+    for name in ("cluster.bootstrap_servers", "cluster.job_id", "cluster.partitions"):
+        args += ["--set", f"{name}={cluster.settings('x')[name]}"]
+    shown = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    lines = shown.splitlines()
+    assert lines[0] == (
+        f"job {cluster.job_id}: group pystatefun.{cluster.job_id} Stable, 2 worker(s), "
+        "8 partitions of 128 key groups"
+    ), shown
+    owned = {line.split()[1]: line for line in lines[1:]}
+    assert sorted(owned) == ["w0", "w1"], shown
+    partitions = [
+        _partitions_of("partitions assigned: " + owned[w].split("partitions ")[1].split(" (")[0])
+        for w in owned
+    ]
+    assert sorted(len(p) for p in partitions) == [4, 4] and set.union(*partitions) == set(range(8))
+    assert all(line.count(f"{cluster.input}:") == 2 for line in owned.values()), shown
     time.sleep(1)  # the last checkpoint's state
     assert state_counts(cluster.config) == model_counts(3000)
 
