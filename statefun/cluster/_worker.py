@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from statefun._exceptions import JobFailedError
@@ -57,6 +58,9 @@ from statefun.runtime._job import Job
 __all__ = ["ClusterWorker"]
 
 log = logging.getLogger(__name__)
+
+#: how often the rows so far go into the open transaction, and idleness is checked
+_TICK_S = 0.05
 
 
 class ForwardingKafkaSink(KafkaSink):
@@ -228,10 +232,30 @@ class Epoch:
         return positions
 
     async def _checkpoints(self) -> None:
+        """Every ``checkpoint_interval_ms``; sooner when the job has nothing in flight while
+        rows wait for a commit (``idle_checkpoint_delay_ms`` after the last checkpoint, and no
+        sooner than 9x the CPU time it took, as the single-process job does). Meanwhile, every
+        50 ms, the rows so far go into the open transaction, so that the cut has little left
+        to send."""
+        job = self.job
+        assert job is not None
+        loop = asyncio.get_running_loop()
         interval = self.settings.checkpoint_interval_ms / 1000
+        idle = self.settings.idle_checkpoint_delay_ms / 1000
+        next_at, ended, cpu = loop.time() + interval, loop.time(), 0.0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(_TICK_S)
+            for forwarder in self._forwarders:
+                forwarder.forward()
+            await self.transactions.flush()
+            now = loop.time()
+            early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
+            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)):
+                continue
+            next_at = now + interval
+            started = time.process_time()
             await self.checkpoint()
+            ended, cpu = loop.time(), time.process_time() - started
 
     async def checkpoint(self) -> bool:
         """Cut, seal and commit one checkpoint; False: nothing happened since the last one."""
