@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 
 #: how often the rows so far go into the open transaction, and idleness is checked
 _TICK_S = 0.05
+#: how long a stopping worker waits for its consumer's thread to leave its poll
+_STOP_POLLING_S = 10.0
 
 
 class ForwardingKafkaSink(KafkaSink):
@@ -367,8 +369,8 @@ class ClusterWorker:
             membership.stop_polling()
             for task in (watch, stopped):
                 task.cancel()
-            with contextlib.suppress(BaseException):
-                await membership.stopped
+            with contextlib.suppress(BaseException):  # (a poll stuck in delivery: go on)
+                await asyncio.wait_for(asyncio.shield(membership.stopped), _STOP_POLLING_S)
             if self.epoch is not None:
                 epoch, self.epoch = self.epoch, None
                 await epoch.stop(checkpoint=self._failure is None)
