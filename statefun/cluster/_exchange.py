@@ -19,6 +19,7 @@ commit refused by the broker, and its records are never seen by ``read_committed
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 _SEPARATOR = "\x1f"
+
+log = logging.getLogger(__name__)
 
 
 def partition_in_key(key: bytes) -> int:
@@ -123,3 +126,14 @@ class WorkerTransactions(KafkaSink):
         offsets, group_metadata = self._offsets.pop(checkpoint_id, ({}, None))
         if offsets:
             producer.send_offsets_to_transaction(offsets, group_metadata)
+
+    async def close(self) -> None:
+        """Abort what is open (rows after the last checkpoint: the next owner of their key
+        groups replays them from that checkpoint) and close the producers."""
+        waiting = self.backlog()
+        if waiting:
+            log.debug("%s: %d row(s) after the last checkpoint dropped", self.egress_id, waiting)
+        try:
+            await self._call(self._close_producers)
+        finally:
+            self._executor.shutdown(wait=False)

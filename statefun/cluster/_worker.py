@@ -59,7 +59,7 @@ __all__ = ["ClusterWorker"]
 
 log = logging.getLogger(__name__)
 
-#: how often the rows so far go into the open transaction, and idleness is checked
+#: how often idleness is checked (and the egresses' rows handed to the transaction)
 _TICK_S = 0.05
 #: how long a stopping worker waits for its consumer's thread to leave its poll
 _STOP_POLLING_S = 10.0
@@ -236,9 +236,13 @@ class Epoch:
     async def _checkpoints(self) -> None:
         """Every ``checkpoint_interval_ms``; sooner when the job has nothing in flight while
         rows wait for a commit (``idle_checkpoint_delay_ms`` after the last checkpoint, and no
-        sooner than 9x the CPU time it took, as the single-process job does). Meanwhile, every
-        50 ms, the rows so far go into the open transaction, so that the cut has little left
-        to send."""
+        sooner than 9x the CPU time it took, as the single-process job does).
+
+        Rows are produced at the cut, not as they come: a transaction is open only while its
+        checkpoint commits, so a worker that dies or stops seldom leaves one open, and an open
+        one holds back every ``read_committed`` reader of the partitions it wrote to until
+        the broker aborts it (``cluster_transaction_timeout_ms``, checked by the broker every
+        ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default)."""
         job = self.job
         assert job is not None
         loop = asyncio.get_running_loop()
@@ -249,7 +253,6 @@ class Epoch:
             await asyncio.sleep(_TICK_S)
             for forwarder in self._forwarders:
                 forwarder.forward()
-            await self.transactions.flush()
             now = loop.time()
             early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
             if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)):
