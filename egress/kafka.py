@@ -85,7 +85,7 @@ from statefun.ingress.kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client
 from statefun.module._specs import KafkaEgressSpec
 from statefun.sdk._proto import egress_pb2
 
-__all__ = ["KAFKA_PRODUCER_RECORD", "KafkaSink"]
+__all__ = ["KAFKA_PRODUCER_RECORD", "KafkaSink", "Row"]
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +243,10 @@ class KafkaSink(Sink):
                 continue
             buffer.append((topic, message.key or None, message.value_bytes, None))
 
+    def write_rows(self, rows: list[Row]) -> None:
+        """Records already in the producer's terms (topic, key, value, headers), in order."""
+        self._buffer.extend(rows)
+
     def _reject(self, typed: Any, reason: str) -> None:
         self.rejected += 1
         log.error("egress %s: record skipped: %s", self.egress_id, reason)
@@ -373,18 +377,25 @@ class KafkaSink(Sink):
         self, slot: int, checkpoint_id: int, lineage: str, marker_topic: str, unsent: list[Row]
     ) -> None:
         """Produce ``unsent`` into slot ``slot``'s transaction, add the marker, commit."""
-        kafka = import_kafka()
         self._tx_send(slot, unsent, True)
         try:
             producer = self._tx_producers[slot]
-            marker = kafka.TopicPartition(marker_topic, 0)
-            offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
-            producer.send_offsets_to_transaction(offsets, self.commit_group)
+            self._send_offsets(producer, checkpoint_id, lineage, marker_topic)
             producer.commit_transaction()
             self._tx_open[slot] = False
         except BaseException as exc:
             self._fail(exc)
             raise
+
+    def _send_offsets(
+        self, producer: Any, checkpoint_id: int, lineage: str, marker_topic: str
+    ) -> None:
+        """The offsets transaction ``checkpoint_id`` commits with its records (producer
+        thread): the marker that says it reached Kafka (``recover``)."""
+        kafka = import_kafka()
+        marker = kafka.TopicPartition(marker_topic, 0)
+        offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
+        producer.send_offsets_to_transaction(offsets, self.commit_group)
 
     def _fail(self, error: BaseException) -> None:
         """A transaction failed: its records may be lost, so none may commit any more (a new

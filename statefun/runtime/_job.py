@@ -332,6 +332,12 @@ class Job:
         self._stopping.set()
         self._changed.set()
 
+    def abandon(self) -> None:
+        """Stop as if the process died: nothing more leaves, nothing is flushed or committed
+        (a clustered worker drops the job of partitions it gave up after their checkpoint)."""
+        self._crashed = True
+        self.stop()
+
     def _finished(self) -> bool:
         if self._stopping.is_set():
             return True
