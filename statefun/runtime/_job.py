@@ -51,11 +51,13 @@ from statefun.module._specs import ModuleSpec
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._ingress_port import IngressPort
 from statefun.runtime._outputs import Outputs
 from statefun.runtime._probe import probe_endpoints
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._router import Router
+from statefun.runtime._stats import IngressStats, LoopLag
 from statefun.runtime._timers import TimerService, now_ms
 from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
@@ -154,6 +156,10 @@ class Job:
         self._crashed = False
         self.admin: Any = None
         self.stopped_by_user = False
+        #: per ingress id, the records it handed over and its time blocked (metrics)
+        self.ingress_stats: dict[str, IngressStats] = {}
+        #: how late the event loop runs (probed while metrics are on)
+        self.loop_lag = LoopLag()
 
     # -- the IngressContext of sources ----------------------------------------------------
 
@@ -401,6 +407,8 @@ class Job:
             self._tasks.append(loop.create_task(self._guard(dispatcher.run())))
         for source in self.sources:
             self._source_tasks.append(loop.create_task(self._run_source(source)))
+        if self.settings.metrics:
+            self._tasks.append(loop.create_task(self._guard(self.loop_lag.run())))
         if self.checkpoints is not None:
             self._tasks.append(loop.create_task(self._guard(self.checkpoints.run())))
         # one connect per remote endpoint, in the background: the job does not wait for it
@@ -409,7 +417,7 @@ class Job:
         if self.settings.admin_port:
             from statefun.runtime._admin import AdminServer
 
-            self.admin = AdminServer(self, self.settings.admin_port)
+            self.admin = AdminServer(self, self.settings.admin_port, self.settings.admin_host)
             await self.admin.start()
         log.info(
             "job started: %d source(s), %d dispatcher subtask(s), %d key groups, %d sink(s)",
@@ -436,8 +444,9 @@ class Job:
             self.fail(exc)
 
     async def _run_source(self, source: Source) -> None:
+        stats = self.ingress_stats.setdefault(source.ingress_id, IngressStats())
         try:
-            await source.run(self)
+            await source.run(IngressPort(self, self.router, stats))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -42,6 +42,8 @@ class Outputs:
         #: request id -> the future its HTTP request-reply call waits on
         self.replies: dict[str, asyncio.Future[Any]] = {}
         self.dead_letters = 0
+        #: per egress id, the records written to its sink
+        self.egress_records: dict[str, int] = {}
         self.dead_letter_file = DeadLetterFile(
             settings.dead_letter_path, settings.dead_letter_max_bytes
         )
@@ -65,6 +67,8 @@ class Outputs:
             record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
             self.write_dead_letters([(record, value) for value in values])
             return
+        records = self.egress_records
+        records[egress_id] = records.get(egress_id, 0) + len(values)
         sink.write_many(values)
 
     # -- replies --------------------------------------------------------------------------
