@@ -368,8 +368,10 @@ class Dispatcher:
         self.invocations += 1
         stats = function.stats
         stats.invocations += 1
-        if context.messages or context.delayed:
-            stats.messages_out += len(context.messages) + len(context.delayed)
+        if context.messages:
+            stats.messages_out += len(context.messages)
+        if context.delayed:
+            stats.messages_out += len(context.delayed)
         job = self.job
         dirty = context._storage._dirty
         if dirty or function.has_ttl:
@@ -386,9 +388,7 @@ class Dispatcher:
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-        stats = function.stats
-        stats.messages_in += 1
-        began = 0.0 if stats.messages_in & self._sample_mask else time.perf_counter()
+        began = 0.0 if self.invocations & self._sample_mask else time.perf_counter()
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
@@ -398,7 +398,7 @@ class Dispatcher:
             self._failed_embedded(function, envelope, exc)
             return
         if began:
-            stats.latency.observe(time.perf_counter() - began)
+            function.stats.latency.observe(time.perf_counter() - began)
         self._apply_embedded(function, key, key_group, values, context, now)
 
     # -- one batch in flight per address -------------------------------------------------------
@@ -441,7 +441,6 @@ class Dispatcher:
                             job.mailbox_taken(key, len(mailbox))
                             stats = function.stats
                             stats.batches += 1
-                            stats.messages_in += len(batch)
                             stats.batch_sizes.observe(len(batch))
                             began = time.perf_counter()
                             try:
@@ -533,7 +532,6 @@ class Dispatcher:
             self.in_flight[key] = batch[index:]
             for attempt in range(2):
                 values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-                stats.messages_in += 1
                 began = time.perf_counter()
                 try:
                     await function.function.fun(

@@ -1,5 +1,5 @@
 """The ``IngressContext`` one source is given: the job's, counting that source's records and
-the time it waits for room (backpressure) in its ``IngressStats``.
+the time it waits for room (backpressure): it is that source's ``IngressStats``.
 
 Each method does what the job's does with the count added inline (``emit`` builds the
 envelope and routes it itself, as the router's ``emit`` would: no extra call per record).
@@ -22,15 +22,17 @@ if TYPE_CHECKING:
 __all__ = ["IngressPort"]
 
 
-class IngressPort:
-    """The job as one source sees it."""
+class IngressPort(IngressStats):
+    """The job as one source sees it, and that source's counts."""
 
-    def __init__(self, job: object, router: Router, stats: IngressStats) -> None:
+    __slots__ = ("_emit_many", "_job", "_room", "_send")
+
+    def __init__(self, job: object, router: Router) -> None:
+        super().__init__()
         self._job = job
         self._send = router.send
         self._emit_many = router.emit_many
         self._room = router.room
-        self.stats = stats
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._job, name)
@@ -40,7 +42,7 @@ class IngressPort:
     ) -> None:
         if not self._room.is_set():
             await self.room()
-        self.stats.records += 1
+        self.records += 1
         self._send(Envelope(typename, id_, value, caller))
 
     async def room(self) -> None:
@@ -52,16 +54,16 @@ class IngressPort:
             while not room.is_set():
                 await room.wait()
         finally:
-            self.stats.blocked_seconds += time.monotonic() - began
+            self.blocked_seconds += time.monotonic() - began
 
     def has_room(self) -> bool:
         return self._room.is_set()
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
-        self.stats.records += 1
+        self.records += 1
         self._send(Envelope(typename, id_, value, caller))
 
     def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
         sent = self._emit_many(typename, messages, start)
-        self.stats.records += sent - start
+        self.records += sent - start
         return sent

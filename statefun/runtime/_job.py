@@ -444,9 +444,10 @@ class Job:
             self.fail(exc)
 
     async def _run_source(self, source: Source) -> None:
-        stats = self.ingress_stats.setdefault(source.ingress_id, IngressStats())
+        port = IngressPort(self, self.router)
+        self.ingress_stats[source.ingress_id] = port
         try:
-            await source.run(IngressPort(self, self.router, stats))
+            await source.run(port)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -98,13 +98,17 @@ def _bound_text(bound: float) -> str:
 
 
 class FunctionStats:
-    """What one function type did. ``invocations``: messages it handled (one invocation per
-    message, as StateFun counts; a remote batch of n is n); ``messages_in``: messages handed
-    to it, a failed attempt's too; ``messages_out``: messages it sent to functions, delayed
-    ones included; ``batches``: remote (and asynchronous embedded) batches, their sizes in
-    ``batch_sizes``; ``latency``: seconds per batch, and for synchronous embedded functions
-    one invocation in ``EMBEDDED_SAMPLE`` (timing each would cost the hot path more than the
-    call itself); ``mailbox_max``: the longest mailbox an address of it had."""
+    """What one function type did.
+
+    ``invocations``: messages it handled (one invocation per message, as StateFun counts; a
+    remote batch of n is n); ``messages_in``: messages handed to it (handled or failed:
+    counted as either, no third count on the hot path); ``messages_out``: messages it sent to
+    functions, delayed ones included; ``batches``: remote (and asynchronous embedded)
+    batches, their sizes in ``batch_sizes``; ``latency``: seconds per batch, and for
+    synchronous embedded functions about one invocation in ``EMBEDDED_SAMPLE`` (its
+    dispatcher's count picks them: timing each would cost the hot path more than the call
+    itself); ``mailbox_max`` is kept by the dispatchers (``Dispatcher.mailbox_max``).
+    """
 
     __slots__ = (
         "batch_sizes",
@@ -113,8 +117,6 @@ class FunctionStats:
         "failures_terminal",
         "invocations",
         "latency",
-        "mailbox_max",
-        "messages_in",
         "messages_out",
     )
 
@@ -123,18 +125,21 @@ class FunctionStats:
 
     def __init__(self) -> None:
         self.invocations = 0
-        self.messages_in = 0
         self.messages_out = 0
         self.failures_retryable = 0
         self.failures_terminal = 0
         self.batches = 0
-        self.mailbox_max = 0
         self.batch_sizes = Histogram(BATCH_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
 
     @property
     def failures(self) -> int:
         return self.failures_retryable + self.failures_terminal
+
+    @property
+    def messages_in(self) -> int:
+        """Messages handed to the function: those it handled and those that failed."""
+        return self.invocations + self.failures
 
 
 class EndpointStats:
