@@ -185,7 +185,6 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
-        self.invocations = 0
         #: per function type, the longest mailbox one of its addresses had (metrics)
         self.mailbox_max: dict[str, int] = {}
         #: remote batches waiting for one of the job's connection slots (metrics)
@@ -365,7 +364,6 @@ class Dispatcher:
         now: int,
     ) -> None:
         """State, then messages (feedback), delayed messages and egress, in one step."""
-        self.invocations += 1
         stats = function.stats
         stats.invocations += 1
         if context.messages:
@@ -388,7 +386,7 @@ class Dispatcher:
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-        began = 0.0 if self.invocations & self._sample_mask else time.perf_counter()
+        began = 0.0 if function.stats.invocations & self._sample_mask else time.perf_counter()
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
@@ -612,7 +610,6 @@ class Dispatcher:
             outputs = self._apply_remote(
                 function, key, key_group, values, response.invocation_result, now
             )
-            self.invocations += len(batch)
             function.stats.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(

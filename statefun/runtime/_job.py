@@ -227,7 +227,7 @@ class Job:
         return {
             "messages_in_flight": self.pending,
             "remote_messages_in_flight": self.pending_remote,
-            "invocations": sum(d.invocations for d in self.dispatchers),
+            "invocations": sum(f.stats.invocations for f in self.functions.known()),
             "delayed_messages": len(self.timers),
             "dead_letters": self.dead_letters,
             "parallelism": len(self.dispatchers),

@@ -42,10 +42,8 @@ class Outputs:
         #: request id -> the future its HTTP request-reply call waits on
         self.replies: dict[str, asyncio.Future[Any]] = {}
         self.dead_letters = 0
-        #: per egress id, its sink and the records written to it (one lookup per batch)
-        self._routes: dict[str, tuple[Sink, list[int]]] = {
-            egress_id: (sink, [0]) for egress_id, sink in self.sinks.items()
-        }
+        #: per egress id (every sink's, from the start), the records written to it
+        self._written: dict[str, int] = dict.fromkeys(self.sinks, 0)
         self.dead_letter_file = DeadLetterFile(
             settings.dead_letter_path, settings.dead_letter_max_bytes
         )
@@ -59,8 +57,8 @@ class Outputs:
 
     def egress(self, egress_id: str, values: list[Any]) -> None:
         """Typed values (in order) for the egress ``egress_id``."""
-        route = self._routes.get(egress_id)
-        if route is None:
+        sink = self.sinks.get(egress_id)
+        if sink is None:
             if egress_id not in self._missing_egress_logged:
                 self._missing_egress_logged.add(egress_id)
                 log.error(
@@ -69,14 +67,13 @@ class Outputs:
             record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
             self.write_dead_letters([(record, value) for value in values])
             return
-        sink, written = route
-        written[0] += len(values)
+        self._written[egress_id] += len(values)
         sink.write_many(values)
 
     @property
     def egress_records(self) -> dict[str, int]:
         """Per egress id, the records written to its sink."""
-        return {egress_id: written[0] for egress_id, (_, written) in self._routes.items()}
+        return dict(self._written)
 
     # -- replies --------------------------------------------------------------------------
 

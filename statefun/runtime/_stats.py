@@ -105,9 +105,10 @@ class FunctionStats:
     counted as either, no third count on the hot path); ``messages_out``: messages it sent to
     functions, delayed ones included; ``batches``: remote (and asynchronous embedded)
     batches, their sizes in ``batch_sizes``; ``latency``: seconds per batch, and for
-    synchronous embedded functions about one invocation in ``EMBEDDED_SAMPLE`` (its
-    dispatcher's count picks them: timing each would cost the hot path more than the call
-    itself); ``mailbox_max`` is kept by the dispatchers (``Dispatcher.mailbox_max``).
+    synchronous embedded functions one invocation in ``EMBEDDED_SAMPLE`` (timing each would
+    cost the hot path more than the call itself). Written only by the dispatchers that run
+    the function, read when asked for; the job's total of invocations is their sum. The
+    longest mailbox is kept by the dispatchers (``Dispatcher.mailbox_max``).
     """
 
     __slots__ = (
