@@ -378,7 +378,15 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        egress = [(r.typename, [r.typed_value]) for r in context.egress] if context.egress else ()
+        records = context.egress
+        egress: Iterable[tuple[str, list[Any]]]
+        if not records:
+            egress = ()
+        elif len(records) == 1:  # the common case, without a comprehension's frame
+            record = records[0]
+            egress = ((record.typename, [record.typed_value]),)
+        else:
+            egress = [(r.typename, [r.typed_value]) for r in records]
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(
