@@ -4,6 +4,7 @@ traffic through embedded and remote functions; the admin port's bearer token."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -30,15 +31,31 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class HeldSource(Source):
-    """Submits its messages, then waits until the job stops (the job keeps running)."""
+    """Sends its messages - the first half with ``submit``, then runs to one function type
+    with ``emit_many`` and lone messages with ``emit`` - then waits until the job stops."""
 
     def __init__(self, messages: list[tuple[str, str]]) -> None:
         super().__init__("test/held")
         self.messages = messages
 
     async def run(self, context: IngressContext) -> None:
-        for typename, id_ in self.messages:
+        half = len(self.messages) // 2
+        for typename, id_ in self.messages[:half]:
             await context.submit(typename, id_, string("x"))
+        rest = self.messages[half:]
+        while rest:
+            typename = rest[0][0]
+            same = itertools.takewhile(lambda m, t=typename: m[0] == t, rest)
+            run = [(id_, string("x")) for _, id_ in same]
+            rest = rest[len(run) :]
+            if len(run) == 1:
+                await context.room()
+                context.emit(typename, run[0][0], run[0][1])
+                continue
+            sent = 0
+            while sent < len(run):
+                await context.room()
+                sent = context.emit_many(typename, run, sent)
         await asyncio.Event().wait()
 
 
@@ -58,11 +75,12 @@ async def running(
     module: ModuleSpec,
     messages: list[tuple[str, str]],
     done: Callable[[Job, ListSink], bool],
+    tmp: Path,
     **kw: Any,
 ) -> AsyncIterator[tuple[Job, str, ListSink]]:
     """A job with an admin port, once it handled ``messages`` and ``done`` says so."""
     sink = ListSink()
-    settings = Settings(admin_port=free_port(), **kw)
+    settings = Settings(admin_port=free_port(), dead_letter_path=str(tmp / "dead.jsonl"), **kw)
     job = Job(module, settings, sources=[HeldSource(messages)], sinks=[sink])
     task = asyncio.create_task(job.run())
     url = f"http://127.0.0.1:{settings.admin_port}"
@@ -98,7 +116,11 @@ async def test_embedded_job_metrics_count_what_was_sent(tmp_path: Path) -> None:
     messages = [("test/counter", f"k{i % 7}") for i in range(n)] + [("test/nobody", "x")]
     module = ModuleSpec(endpoints=(embedded(),))
     async for job, url, _ in running(
-        module, messages, lambda _, s: len(s.values) == n, checkpoint_dir=str(tmp_path / "cp")
+        module,
+        messages,
+        lambda _, s: len(s.values) == n,
+        tmp_path,
+        checkpoint_dir=str(tmp_path / "cp"),
     ):
         assert job.checkpoints is not None
         await job.checkpoints.checkpoint()
@@ -156,11 +178,11 @@ async def remote_url() -> AsyncIterator[str]:
         yield server.url
 
 
-async def test_remote_job_metrics_count_calls_and_batches(remote_url: str) -> None:
+async def test_remote_job_metrics_count_calls_and_batches(remote_url: str, tmp_path: Path) -> None:
     n = 120
     messages = [("test/counter", "hot")] * n
     module = ModuleSpec(endpoints=(remote(remote_url, max_num_batch_requests=10),))
-    async for _, url, _ in running(module, messages, lambda _, s: len(s.values) == n):
+    async for _, url, _ in running(module, messages, lambda _, s: len(s.values) == n, tmp_path):
         _, _, text = await get(f"{url}/metrics")
         samples = parse(text)
         counter, recorder = {"function": "test/counter"}, {"function": "test/recorder"}
@@ -190,7 +212,7 @@ async def test_remote_job_metrics_count_calls_and_batches(remote_url: str) -> No
         assert endpoint["latency_p99_ms"] > 0
 
 
-async def test_failures_are_counted_by_kind() -> None:
+async def test_failures_are_counted_by_kind(tmp_path: Path) -> None:
     # a remote endpoint nobody listens on: each call fails until its timeout (retryable)
     origin = f"http://127.0.0.1:{free_port()}"
     transport = TransportSpec(call=timedelta(milliseconds=300))
@@ -200,6 +222,7 @@ async def test_failures_are_counted_by_kind() -> None:
         module,
         messages,
         lambda job, _: job.dead_letters == 2,
+        tmp_path,
         remote_failure_policy="dead-letter",
         remote_probe_timeout_ms=0,
     ):
@@ -212,10 +235,10 @@ async def test_failures_are_counted_by_kind() -> None:
         assert value(samples, "pystatefun_endpoint_retries_total", endpoint=origin) >= 2
 
 
-async def test_admin_token_is_required_when_set() -> None:
+async def test_admin_token_is_required_when_set(tmp_path: Path) -> None:
     token = "s3cret-admin-token"
     module = ModuleSpec(endpoints=(embedded(),))
-    async for _, url, _ in running(module, [], lambda *_: True, admin_token=token):
+    async for _, url, _ in running(module, [], lambda *_: True, tmp_path, admin_token=token):
         for path in ("/metrics", "/status"):
             status, _, text = await get(url + path)
             assert status == 401 and "bearer token" in text and token not in text
@@ -225,11 +248,11 @@ async def test_admin_token_is_required_when_set() -> None:
             assert (await get(url + path, right))[0] == 200
 
 
-async def test_metrics_off_serves_no_metrics() -> None:
+async def test_metrics_off_serves_no_metrics(tmp_path: Path) -> None:
     module = ModuleSpec(endpoints=(embedded(),))
     messages = [("test/counter", "a")]
     one = lambda _, sink: len(sink.values) == 1  # noqa: E731
-    async for _, url, _ in running(module, messages, one, metrics=False):
+    async for _, url, _ in running(module, messages, one, tmp_path, metrics=False):
         status, _, text = await get(f"{url}/metrics")
         assert status == 404 and "setting metrics" in text
         status, _, body = await get(f"{url}/status")
