@@ -71,6 +71,18 @@ class StateBackend(abc.ABC):
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
         """Every address with values in ``key_group`` (``put`` while iterating is allowed)."""
 
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` ids of the function type ``typename`` that hold values in
+        ``key_group``, in the order of their UTF-8 bytes (Python's ``str`` order), only those
+        after ``after`` (None: from the first). A page of a listing: the caller walks the key
+        groups in order. Backends override this generic one (every address of the group)."""
+        found = sorted(
+            id_
+            for (kind, id_), _values in self.items(key_group)
+            if kind == typename and (after is None or id_ > after)
+        )
+        return found[:limit]
+
     @abc.abstractmethod
     def key_groups(self) -> list[int]:
         """The key groups that hold state."""

@@ -11,6 +11,7 @@ writes them out: one file (``state.msgpack``, one fsync), a section per key grou
 from __future__ import annotations
 
 import gc
+import heapq
 import logging
 import os
 import threading
@@ -68,6 +69,16 @@ class MemoryStateBackend(StateBackend):
 
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
         return iter(list(self._groups.get(key_group, {}).items()))
+
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        group = self._groups.get(key_group)
+        if not group or limit <= 0:
+            return []
+        if after is None:
+            found = [id_ for kind, id_ in group if kind == typename]
+        else:
+            found = [id_ for kind, id_ in group if kind == typename and id_ > after]
+        return heapq.nsmallest(limit, found) if len(found) > limit else sorted(found)
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)

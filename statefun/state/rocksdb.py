@@ -67,6 +67,7 @@ key and value encoding (``_codec.py``).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
 import logging
 import os
@@ -403,6 +404,38 @@ class RocksDBStateBackend(StateBackend):
             if group:
                 merged.update(group)
         return iter([(key, values) for key, values in merged.items() if values])
+
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        """A range scan from ``after`` over the type's keys in the group (never more than
+        ``limit`` live ids read from RocksDB), merged with the write buffers."""
+        if limit <= 0:
+            return []
+        frozen = self._frozen  # before RocksDB (as in ``items``)
+        buffered: dict[str, bool] = {}  # id -> has values, newest buffer last
+        for buffer in (*(f.buffer for f in frozen), self._pending):
+            group = buffer.get(key_group)
+            if group:
+                for (kind, id_), values in group.items():
+                    if kind == typename and (after is None or id_ > after):
+                        buffered[id_] = bool(values)
+        prefix = encode_key(key_group, (typename, ""))
+        start = prefix if after is None else encode_key(key_group, (typename, after))
+        found = [id_ for id_, live in buffered.items() if live]
+        from_db = 0
+        iterator = self._db.iter()
+        iterator.seek(start)
+        while from_db < limit and iterator.valid():
+            raw = cast(bytes, iterator.key())
+            if not raw.startswith(prefix):
+                break
+            if raw != start or after is None:
+                id_ = raw[len(prefix) :].decode("utf-8")
+                if id_ not in buffered:
+                    found.append(id_)
+                    from_db += 1
+            iterator.next()
+        del iterator
+        return heapq.nsmallest(limit, found) if len(found) > limit else sorted(found)
 
     def key_groups(self) -> list[int]:
         frozen = self._frozen
