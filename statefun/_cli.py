@@ -22,6 +22,7 @@ from typing import Any
 
 from statefun.checkpoint import verify as _verify
 from statefun.runtime import _dead_letter_commands as _dead_letters
+from statefun.runtime import _state_commands as _state
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -429,6 +430,7 @@ COMMANDS: list[Command] = [
         _kafka,
     ),
     Command("dead-letters", "list, show or replay dead letters", *_dead_letters.COMMAND),
+    Command("state", "the decoded state of an address, the ids of a type", *_state.COMMAND),
 ]
 
 

@@ -3,6 +3,8 @@
 * ``GET /status``: JSON with messages in flight, invocations, checkpoints (how many, the last
   one's duration and CPU time, the longest stall).
 * ``POST /savepoints``: take a savepoint now; JSON ``{"id": ..., "path": ...}``.
+* ``GET /`` (the console), ``/plan``, ``/state/...``, ``/addresses/.../timeline``: the
+  read-only views of ``_console.py``.
 
 It runs on the built-in HTTP server (``statefun._http.server``), with its defences (request
 deadlines, connection caps, the ``Host`` allow-list against DNS rebinding), and refuses what a
@@ -26,6 +28,7 @@ from statefun._exceptions import UnavailableError
 from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun._oserrors import listen_error
+from statefun.runtime._console import AdminViews, ConsoleJob
 
 if TYPE_CHECKING:
     from statefun._settings import Settings
@@ -38,7 +41,7 @@ log = logging.getLogger(__name__)
 _ROUTES = {"/status": "GET", "/savepoints": "POST"}
 
 
-class AdminJob(Protocol):
+class AdminJob(ConsoleJob, Protocol):
     """What the admin server needs of the job (``runtime/_job.py``'s ``Job``)."""
 
     @property
@@ -65,6 +68,7 @@ class AdminServer:
         settings = job.settings
         self._min_interval = settings.admin_savepoint_min_interval_ms / 1000
         self._options = ServerOptions.from_settings(settings)
+        self.views = AdminViews(job)
 
     async def start(self) -> None:
         self._server = HttpServer(self, options=self._options, name="admin server")
@@ -75,7 +79,9 @@ class AdminServer:
                 f"admin server: {listen_error(self.host, self.port, exc)}"
             ) from exc
         log.info(
-            "admin server on http://%s:%d (GET /status, POST /savepoints)", self.host, self.port
+            "admin server on http://%s:%d (console at /; GET /status, /state; POST /savepoints)",
+            self.host,
+            self.port,
         )
 
     async def close(self) -> None:
@@ -105,9 +111,9 @@ class AdminServer:
         return plain(413, f"the admin server takes bodies of at most {self.max_body_bytes} bytes")
 
     def check(self, request: Request) -> Reply | None:
-        method = _ROUTES.get(request.path)
+        method = _ROUTES.get(request.path) or self.views.method(request.path)
         if method is None:
-            return plain(404, f"no such path {request.path[:100]!r}; try /status or /savepoints")
+            return plain(404, f"no such path {request.path[:100]!r}; try /, /status or /state")
         origin = request.headers.get("origin")
         if origin is not None and not self._own_origin(origin):
             return plain(403, f"cross-site request refused (Origin {origin[:80]!r})")
@@ -135,7 +141,9 @@ class AdminServer:
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         if request.path == "/status":
             return Reply(200, "application/json", json.dumps(self.status()).encode())
-        return self._savepoint()
+        if request.path == "/savepoints":
+            return self._savepoint()
+        return self.views.handle(request)
 
     async def _savepoint(self) -> Reply:
         checkpoints = self.job.checkpoints

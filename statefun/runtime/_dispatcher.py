@@ -37,6 +37,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from statefun._exceptions import (
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from statefun._settings import Settings
     from statefun.runtime._functions import FunctionRegistry
     from statefun.runtime._remote import RemoteClient
+    from statefun.runtime._timeline import Timeline
     from statefun.runtime._timers import TimerService
     from statefun.state.base import StateBackend
 
@@ -140,6 +142,8 @@ class DispatcherJob(Protocol):
     def client(self) -> RemoteClient: ...
     @property
     def clock(self) -> Callable[[], int]: ...
+    @property
+    def timeline(self) -> Timeline | None: ...
 
     # routing and admission (keyBy, the sources' gate)
     def send(self, envelope: Envelope) -> None: ...
@@ -183,6 +187,8 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
         self.invocations = 0
+        #: where invocations are recorded for the admin port's timeline (None: nowhere)
+        self._timeline = job.timeline
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -328,10 +334,12 @@ class Dispatcher:
         return values, context, now
 
     def _failed_embedded(
-        self, function: EmbeddedFunction, envelope: Envelope, exc: Exception
+        self, function: EmbeddedFunction, envelope: Envelope, exc: Exception, started: float
     ) -> None:
         """The function raised: nothing of the invocation is applied; the policy decides (a
         value that fails its own type is the sender's error: a dead letter)."""
+        if self._timeline is not None:
+            self._timeline.record((envelope.typename, envelope.id), [envelope], started, error=exc)
         kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         self.job.on_failure(
             function.typename,
@@ -351,6 +359,8 @@ class Dispatcher:
         values: dict[str, Any],
         context: InvocationContext,
         now: int,
+        envelope: Envelope,
+        started: float,
     ) -> None:
         """State, then messages (feedback), delayed messages and egress, in one step."""
         self.invocations += 1
@@ -363,12 +373,24 @@ class Dispatcher:
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
         egress = [(r.typename, [r.typed_value]) for r in context.egress] if context.egress else ()
+        if self._timeline is not None:
+            self._timeline.record(
+                key,
+                [envelope],
+                started,
+                state=values,
+                written=dirty,
+                messages=context.messages,
+                delayed=context.delayed,
+                egress=egress,
+            )
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
+        started = perf_counter() if self._timeline is not None else 0.0
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
@@ -376,9 +398,9 @@ class Dispatcher:
             if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
                 self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
                 return
-            self._failed_embedded(function, envelope, exc)
+            self._failed_embedded(function, envelope, exc, started)
             return
-        self._apply_embedded(function, key, key_group, values, context, now)
+        self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
 
     # -- one batch in flight per address -------------------------------------------------------
 
@@ -429,10 +451,14 @@ class Dispatcher:
                         await self._call_embedded_async(function, key, key_group, batch)
                         release(len(batch))
                 except FunctionInvocationError as exc:
+                    if self._timeline is not None:
+                        self._timeline.record(key, batch, perf_counter(), error=exc)
                     again = job.on_failure(function.typename, batch, exc)
                     self._put_back(key, again)
                     release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
+                    if self._timeline is not None:
+                        self._timeline.record(key, batch, perf_counter(), error=exc)
                     again = job.on_failure(
                         function.typename, batch, TerminalFunctionError(str(exc))
                     )
@@ -495,6 +521,7 @@ class Dispatcher:
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
             for attempt in range(2):
+                started = perf_counter()
                 values, context, now = self._prepare_embedded(function, envelope, key, key_group)
                 try:
                     await function.function.fun(
@@ -507,9 +534,11 @@ class Dispatcher:
                         and self._moved_out(function, key, key_group)
                     ):
                         continue  # once more, without the values of another type
-                    self._failed_embedded(function, envelope, exc)
+                    self._failed_embedded(function, envelope, exc, started)
                     break
-                self._apply_embedded(function, key, key_group, values, context, now)
+                self._apply_embedded(
+                    function, key, key_group, values, context, now, envelope, started
+                )
                 break
 
     def _emit(
@@ -554,6 +583,7 @@ class Dispatcher:
         else is waited for."""
         job = self.job
         typename, id_ = key
+        started = perf_counter()
         for _ in range(_MAX_SPEC_ROUNDS):
             now = self._clock()
             stored = job.state.get(key_group, key)
@@ -574,6 +604,8 @@ class Dispatcher:
             outputs = self._apply_remote(
                 function, key, key_group, values, response.invocation_result, now
             )
+            if self._timeline is not None:
+                self._record_remote(key, batch, started, values, response.invocation_result)
             self.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(
@@ -653,6 +685,43 @@ class Dispatcher:
                 name,
                 missing.type_typename,
             )
+
+    def _record_remote(
+        self,
+        key: AddressKey,
+        batch: list[Envelope],
+        started: float,
+        values: dict[str, Any],
+        result: Any,
+    ) -> None:
+        """A remote batch's result, applied, into the timeline (read back from the result:
+        applying it checked it whole)."""
+        assert self._timeline is not None
+        self._timeline.record(
+            key,
+            batch,
+            started,
+            state=values,
+            written=[m.state_name for m in result.state_mutations],
+            messages=[
+                Message(f"{o.target.namespace}/{o.target.type}", o.target.id, o.argument)
+                for o in result.outgoing_messages
+            ],
+            delayed=[
+                DelayedMessage(
+                    d.delay_in_ms,
+                    None
+                    if d.is_cancellation_request
+                    else Message(f"{d.target.namespace}/{d.target.type}", d.target.id, d.argument),
+                    d.cancellation_token,
+                )
+                for d in result.delayed_invocations
+            ],
+            egress=[
+                (f"{e.egress_namespace}/{e.egress_type}", [e.argument])
+                for e in result.outgoing_egresses
+            ],
+        )
 
     def _apply_remote(
         self,

@@ -56,6 +56,7 @@ from statefun.runtime._probe import probe_endpoints
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._router import Router
+from statefun.runtime._timeline import Timeline
 from statefun.runtime._timers import TimerService, now_ms
 from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
@@ -98,6 +99,12 @@ class Job:
         #: the wall clock (ms since the epoch) of delayed messages and state TTL
         self.clock = clock
         self.timers = TimerService(self._fire_delayed, clock)
+        #: the last invocations of recently invoked addresses (admin port), None: not kept
+        self.timeline: Timeline | None = (
+            Timeline(self.settings.timeline_invocations, self.settings.timeline_addresses)
+            if self.settings.timeline_invocations
+            else None
+        )
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
         #: lets a batch keep growing until it can be sent)
         self.remote_slots = asyncio.Semaphore(self.settings.remote_max_connections)
