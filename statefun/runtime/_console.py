@@ -1,7 +1,7 @@
 """The admin port's read-only views: the console page, the job graph, state and timelines.
 
 * ``GET /``: the console, one static page (``console-page/index.html`` with ``console.js`` and
-  ``console.css``, package data; plain JS, no build step) under a strict
+  ``console.css``, ``favicon.svg``, package data; plain JS, no build step) under a strict
   Content-Security-Policy: everything from the admin server itself, nothing inline, no frames.
   It polls ``GET /status`` and draws what it finds there.
 * ``GET /plan``: the job graph as JSON (``_graph.Plan.to_json``).
@@ -39,6 +39,7 @@ _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 _PAGE_HEADERS = (
     ("Content-Security-Policy", CONTENT_SECURITY_POLICY),

@@ -52,6 +52,7 @@ class AdminJob:
 @contextmanager
 def admin_job(folder: Path, *settings: str) -> Iterator[AdminJob]:
     port, admin_port = free_port(), free_port()
+    folder.mkdir(parents=True, exist_ok=True)
     module = folder / "module.yaml"
     module.write_text(MODULE.format(port=port))
     extra = [part for pair in settings for part in ("--set", pair)]
