@@ -267,7 +267,7 @@ class Settings:
         default=50,
         metadata=_doc(
             "invocations kept per address for GET /addresses/<ns>/<type>/<id>/timeline on the "
-            "admin port; 0: no timeline is kept"
+            "admin port (kept only while admin_port is set); 0: no timeline is kept"
         ),
     )
     timeline_addresses: int = field(

@@ -339,7 +339,7 @@ class Dispatcher:
         """The function raised: nothing of the invocation is applied; the policy decides (a
         value that fails its own type is the sender's error: a dead letter)."""
         if self._timeline is not None:
-            self._timeline.record((envelope.typename, envelope.id), [envelope], started, error=exc)
+            self._timeline.record((envelope.typename, envelope.id), envelope, started, error=exc)
         kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         self.job.on_failure(
             function.typename,
@@ -376,13 +376,13 @@ class Dispatcher:
         if self._timeline is not None:
             self._timeline.record(
                 key,
-                [envelope],
+                envelope,
                 started,
-                state=values,
-                written=dirty,
-                messages=context.messages,
-                delayed=context.delayed,
-                egress=egress,
+                values,
+                dirty,
+                context.messages or (),
+                context.delayed or (),
+                egress,
             )
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
@@ -605,7 +605,9 @@ class Dispatcher:
                 function, key, key_group, values, response.invocation_result, now
             )
             if self._timeline is not None:
-                self._record_remote(key, batch, started, values, response.invocation_result)
+                result = response.invocation_result
+                written = [m.state_name for m in result.state_mutations]
+                self._timeline.record(key, batch, started, values, written, result=result)
             self.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(
@@ -685,43 +687,6 @@ class Dispatcher:
                 name,
                 missing.type_typename,
             )
-
-    def _record_remote(
-        self,
-        key: AddressKey,
-        batch: list[Envelope],
-        started: float,
-        values: dict[str, Any],
-        result: Any,
-    ) -> None:
-        """A remote batch's result, applied, into the timeline (read back from the result:
-        applying it checked it whole)."""
-        assert self._timeline is not None
-        self._timeline.record(
-            key,
-            batch,
-            started,
-            state=values,
-            written=[m.state_name for m in result.state_mutations],
-            messages=[
-                Message(f"{o.target.namespace}/{o.target.type}", o.target.id, o.argument)
-                for o in result.outgoing_messages
-            ],
-            delayed=[
-                DelayedMessage(
-                    d.delay_in_ms,
-                    None
-                    if d.is_cancellation_request
-                    else Message(f"{d.target.namespace}/{d.target.type}", d.target.id, d.argument),
-                    d.cancellation_token,
-                )
-                for d in result.delayed_invocations
-            ],
-            egress=[
-                (f"{e.egress_namespace}/{e.egress_type}", [e.argument])
-                for e in result.outgoing_egresses
-            ],
-        )
 
     def _apply_remote(
         self,

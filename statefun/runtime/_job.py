@@ -99,10 +99,11 @@ class Job:
         #: the wall clock (ms since the epoch) of delayed messages and state TTL
         self.clock = clock
         self.timers = TimerService(self._fire_delayed, clock)
-        #: the last invocations of recently invoked addresses (admin port), None: not kept
+        #: the last invocations of recently invoked addresses, kept while the admin server
+        #: (which shows them) runs; None: not kept
         self.timeline: Timeline | None = (
             Timeline(self.settings.timeline_invocations, self.settings.timeline_addresses)
-            if self.settings.timeline_invocations
+            if self.settings.timeline_invocations and self.settings.admin_port
             else None
         )
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
