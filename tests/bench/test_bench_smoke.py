@@ -134,3 +134,9 @@ def test_restate_vs_pystatefun() -> None:
     for case in ("20 keys, 8 callers", "one key, 8 callers", "one key, one caller"):
         assert f"| {case} | Restate | - |" in out, f"{case}, Restate missing:\n{out}"
         assert f"| {case} | pystatefun | memory |" in out, f"{case}, pystatefun missing:\n{out}"
+
+
+def test_admin_views() -> None:
+    out = smoke("admin_views.py", *BACKENDS, timeout=120)
+    for part in ("### 1.", "### 2.", "### 3."):
+        assert part in out, f"part {part} missing:\n{out}"
