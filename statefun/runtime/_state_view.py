@@ -12,9 +12,9 @@ type, so a namespace holding a ``/`` is written ``%2F``.
 
 Consistency: a dispatcher applies all of an invocation's state writes with one ``put`` in one
 event-loop step, and these reads run on the event loop, so they see an invocation's writes
-whole or not at all. Listing walks the key groups one ``StateBackend.ids`` call at a time and
-gives the loop back whenever it held it for ``_SLICE_S`` (the cost of one call is that of
-one key group's addresses of the type, not of the whole state).
+whole or not at all. Listing walks the key groups with ``StateBackend.ids_in_steps`` and
+gives the loop back between steps whenever it held it for ``_SLICE_S`` (a step is a bounded
+piece of one key group's work, never the whole state's).
 
 Decoding (``describe_value``): the built-in types (``io.statefun.types/*``); the types an
 embedded function declared in its value specs (JSON types as JSON, protobuf types as their
@@ -202,15 +202,21 @@ class StateView:
         for key_group in range(first, max_p):
             wanted = limit - len(ids)
             # The backend is read after any yield: whatever it holds then, never a stale one.
-            page = self.job.state.ids(
+            steps = self.job.state.ids_in_steps(
                 key_group, typename, after if key_group == first else None, wanted
             )
+            page = None
+            while page is None:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    page = done.value
+                if time.perf_counter() - held > _SLICE_S:
+                    await asyncio.sleep(0)
+                    held = time.perf_counter()
             ids += page
             if len(ids) >= limit:
                 break
-            if time.perf_counter() - held > _SLICE_S:
-                await asyncio.sleep(0)
-                held = time.perf_counter()
         return {
             "typename": typename,
             "ids": ids,

@@ -94,9 +94,10 @@ class Timeline:
         """One invocation of ``key``: ``inputs`` (an envelope, or a list of them), the state
         names ``written`` with the values after it in ``state`` (absent: deleted), the
         ``messages`` sent (``Message``s), ``delayed`` (``DelayedMessage``s) and ``egress``
-        records per egress id - or a remote function's ``result`` (``InvocationResult``) holding all three -
-        or the ``error`` it failed with; ``started``: its ``time.perf_counter()`` at the
-        start. Keeps references (none of them is changed afterwards), formats nothing."""
+        records per egress id - or a remote function's ``result`` (``InvocationResult``)
+        holding all three - or the ``error`` it failed with; ``started``: its
+        ``time.perf_counter()`` at the start. Keeps references (none of them changes
+        afterwards) and formats nothing."""
         rings = self._rings
         ring = rings.get(key)
         if ring is None:

@@ -11,12 +11,11 @@ writes them out: one file (``state.msgpack``, one fsync), a section per key grou
 from __future__ import annotations
 
 import gc
-import heapq
 import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,13 @@ from statefun._exceptions import CheckpointDamagedError
 from statefun._files import fsync_dir, synced_file
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state._registry import BackendKind, read_snapshot
-from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
+from statefun.state.base import (
+    AddressKey,
+    StateBackend,
+    StateSnapshot,
+    StateValues,
+    drain,
+)
 
 __all__ = ["KIND", "MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
 
@@ -37,6 +42,8 @@ FORMAT = 2
 STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
+#: addresses of a key group sorted per step of ``ids_in_steps``
+IDS_STEP = 2048
 
 
 class MemoryStateBackend(StateBackend):
@@ -71,14 +78,31 @@ class MemoryStateBackend(StateBackend):
         return iter(list(self._groups.get(key_group, {}).items()))
 
     def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        return drain(self.ids_in_steps(key_group, typename, after, limit))
+
+    def ids_in_steps(
+        self, key_group: int, typename: str, after: str | None, limit: int
+    ) -> Generator[None, None, list[str]]:
+        """Sorts the group's ids ``IDS_STEP`` at a time (a step each), then merges the runs:
+        never one sort of a whole large group (a million addresses in 128 groups: 8,000)."""
         group = self._groups.get(key_group)
         if not group or limit <= 0:
             return []
-        if after is None:
-            found = [id_ for kind, id_ in group if kind == typename]
-        else:
-            found = [id_ for kind, id_ in group if kind == typename and id_ > after]
-        return heapq.nsmallest(limit, found) if len(found) > limit else sorted(found)
+        keys = list(group)  # a copy: the event loop may write between steps
+        runs: list[str] = []
+        for start in range(0, len(keys), IDS_STEP):
+            if start:
+                yield
+            run = sorted(
+                id_
+                for kind, id_ in keys[start : start + IDS_STEP]
+                if kind == typename and (after is None or id_ > after)
+            )
+            runs += run[:limit]
+        if len(keys) > IDS_STEP:
+            yield
+        runs.sort()  # sorted runs: Timsort merges them
+        return runs[:limit]
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)

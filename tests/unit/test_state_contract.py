@@ -807,3 +807,34 @@ def test_ids_page_through_one_type_in_order(backend: StateBackend) -> None:
     assert backend.ids(0, "shop/cart", None, 0) == []
     if snapshot is not None:
         snapshot.release()
+
+
+def test_ids_in_steps_of_a_large_group_with_writes_between_steps(backend: StateBackend) -> None:
+    """A large key group is listed in several steps; writes between the steps break nothing,
+    and ids that were there before the listing and stay are all listed, in order."""
+    for n in range(5000):
+        backend.put(
+            0, ("shop/cart" if n % 3 else "shop/other", f"id{n:05d}"), {"n": tv(b"\x08\x01")}
+        )
+    expected = sorted(f"id{n:05d}" for n in range(5000) if n % 3)
+    pages: list[str] = []
+    after: str | None = None
+    steps_taken = 0
+    while True:
+        steps = backend.ids_in_steps(0, "shop/cart", after, 700)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                page = done.value
+                break
+            steps_taken += 1
+            backend.put(0, ("shop/cart", f"new{steps_taken}"), {"n": tv(b"\x08\x01")})
+        if not page:
+            break
+        pages += page
+        after = page[-1]
+    assert [p for p in pages if p.startswith("id")] == expected
+    assert pages == sorted(pages)
+    if not isinstance(backend, toy_state.ToyStateBackend):
+        assert steps_taken > 0  # the memory and RocksDB backends do take steps
