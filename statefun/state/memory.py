@@ -43,7 +43,7 @@ STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
 #: addresses of a key group sorted per step of ``ids_in_steps``
-IDS_STEP = 2048
+IDS_STEP = 1024
 
 
 class MemoryStateBackend(StateBackend):
