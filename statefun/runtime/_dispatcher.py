@@ -22,6 +22,8 @@ more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
+Where results are applied (and where an invocation fails) each invocation goes to the job's
+timeline (``_timeline.py``) when it keeps one: a few references, nothing formatted.
 
 The job is seen through ``DispatcherJob`` (below). The module stays whole (about 700 lines):
 intake, mailboxes, the embedded and the remote invocation and applying their results share

@@ -12,15 +12,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests._support import free_port
+from tests._support import endpoint_yaml, free_port
 from tests.integration.test_http_defences import HANG, ROOT, STATEFUN, port_answers
 
-MODULE = """\
+EMBEDDED = """\
 kind: io.pystatefun.endpoints.v1/embedded
 spec:
   functions: shop/*
   module: tests.integration.fns.inspect_fns:functions
----
+"""
+MODULE = """\
+{endpoint}---
 kind: io.pystatefun.http.v1/ingress
 spec:
   id: shop/http
@@ -50,11 +52,15 @@ class AdminJob:
 
 
 @contextmanager
-def admin_job(folder: Path, *settings: str) -> Iterator[AdminJob]:
+def admin_job(folder: Path, *settings: str, remote: str | None = None) -> Iterator[AdminJob]:
+    """The job, its functions embedded, or at ``remote`` (a function server's URL)."""
     port, admin_port = free_port(), free_port()
     folder.mkdir(parents=True, exist_ok=True)
     module = folder / "module.yaml"
-    module.write_text(MODULE.format(port=port))
+    endpoint = EMBEDDED
+    if remote is not None:
+        endpoint = endpoint_yaml(Path(), remote, "shop")
+    module.write_text(MODULE.format(port=port, endpoint=endpoint))
     extra = [part for pair in settings for part in ("--set", pair)]
     log = (folder / "runtime.log").open("w")
     process = subprocess.Popen(

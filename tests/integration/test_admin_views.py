@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests._support import serve_functions
 from tests.integration._admin_job import AdminJob, admin_job, wait_for
 from tests.integration.test_http_defences import ROOT, STATEFUN
 
@@ -177,3 +178,39 @@ def test_timeline_off(tmp_path: Path) -> None:
         wait_for(lambda: _status(running, "/state/shop/cart/dave") == 200, "the state")
         status, text, _ = _get(running, "/addresses/shop/cart/dave/timeline")
         assert status == 409 and "timeline_invocations" in text
+
+
+def test_remote_functions_state_and_timeline(tmp_path: Path) -> None:
+    functions = ROOT / "tests" / "integration" / "fns" / "inspect_fns.py"
+    with (
+        serve_functions(functions, ROOT) as url,
+        admin_job(tmp_path, remote=url) as running,
+    ):
+        for item in ("apple", "pear", "fig"):
+            running.send("shop/cart/rita", item)
+        wait_for(
+            lambda: (
+                _status(running, "/state/shop/audit/rita") == 200
+                and _get(running, "/state/shop/audit/rita")[1]["values"]["seen"]["value"] == 3
+            ),
+            "the audits",
+        )
+        status, found, _ = _get(running, "/state/shop/cart/rita")
+        assert status == 200, found
+        assert found["values"]["items"]["value"] == {"apple": 1, "pear": 1, "fig": 1}
+        assert found["values"]["items"]["encoding"] == "json"  # remote: by its look
+        status, timeline, _ = _get(running, "/addresses/shop/cart/rita/timeline")
+        assert status == 200, timeline
+        invocations = timeline["invocations"]
+        # a remote batch is one invocation with its messages in
+        assert sum(i["messages_in_count"] for i in invocations) == 3
+        assert [m["preview"] for i in invocations for m in i["messages_in"]] == [
+            "apple",
+            "pear",
+            "fig",
+        ]
+        last = invocations[-1]
+        assert {s["name"] for s in last["state"]} == {"items", "count"}
+        assert last["messages_out"][-1]["target"] == "shop/audit/rita"
+        assert last["delayed"][-1]["delay_ms"] == 3_600_000
+        assert last["egress"][-1]["egress"] == "shop/out"

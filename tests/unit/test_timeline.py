@@ -112,3 +112,14 @@ def test_remote_result_and_errors() -> None:
     assert first["egress"] == [{"egress": "shop/out", "records": 1, "bytes": 3}]
     assert failed["error"] == "ValueError: bad\nthing"
     assert failed["messages_out"] == []
+
+
+def test_kept_only_while_the_admin_server_runs() -> None:
+    from statefun._settings import Settings
+    from statefun.module._specs import ModuleSpec
+    from statefun.runtime._job import Job
+
+    assert Job(ModuleSpec(), Settings()).timeline is None  # no admin server: nobody reads it
+    kept = Job(ModuleSpec(), Settings(admin_port=8091, timeline_addresses=7)).timeline
+    assert kept is not None and (kept.per_address, kept.addresses) == (50, 7)
+    assert Job(ModuleSpec(), Settings(admin_port=8091, timeline_invocations=0)).timeline is None
