@@ -5,9 +5,11 @@ Three parts:
 1. **Listing ids and looking up state on a million addresses**: a state backend (memory,
    RocksDB) holding ``--addresses`` addresses (1,000,000) of one function type in 128 key
    groups, and 100 of another. ``StateView.list_ids`` pages through them (pages of 1,000;
-   the first pages, and the sparse type, whose listing walks every key group) while a ticker
-   task on the same event loop records the longest time it waited for the loop: the longest
-   stall a listing causes. Goal: at most 1 ms. Also the time of one ``lookup`` (a read and
+   the first 20 pages in turn, then the first page and the sparse type, whose listing walks
+   every key group, 5 times each) while a ticker task on the same event loop records the
+   longest time it waited for the loop: the longest stall a listing causes (the machine's
+   other processes add their time slices to it: the repeated ones report the median).
+   Goal: at most 1 ms. Also the time of one ``lookup`` (a read and
    the decoding of its values).
 2. **The timeline's memory and cost**: ``Timeline`` rings full (``timeline_invocations`` 50
    entries for ``timeline_addresses`` 1,000 addresses) of invocations with one message in,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +60,9 @@ from statefun.state.base import StateBackend  # noqa: E402
 
 DENSE, SPARSE = "bench/cart", "bench/rare"
 JSON = make_json_type("bench/items")
+#: runs of each listing whose longest stall is reported as a median (the machine is shared:
+#: one run's longest wait may be another process's time slice)
+REPEATS = 5
 
 
 def _fill(backend: StateBackend, addresses: int, max_p: int) -> None:
@@ -120,8 +126,14 @@ async def _listing(backend_name: str, addresses: int, pages: int) -> dict[str, A
             after = page["next"]
         per_page = (time.perf_counter() - started) / pages
         expect(seen == min(addresses, pages * 1000), f"{seen} ids listed")
-        rare, sparse_stall = await _longest_wait(view.list_ids(SPARSE, None, 1000))
-        expect(len(rare["ids"]) == 100, f"{len(rare['ids'])} rare ids")
+        sparse: list[float] = []
+        for _ in range(REPEATS):
+            rare, longest = await _longest_wait(view.list_ids(SPARSE, None, 1000))
+            expect(len(rare["ids"]) == 100, f"{len(rare['ids'])} rare ids")
+            sparse.append(longest)
+        first_pages: list[float] = []
+        for _ in range(REPEATS):
+            first_pages.append((await _longest_wait(view.list_ids(DENSE, None, 1000)))[1])
         lookups = 2000
         started = time.perf_counter()
         for n in range(lookups):
@@ -133,7 +145,8 @@ async def _listing(backend_name: str, addresses: int, pages: int) -> dict[str, A
             "addresses": addresses,
             "page_ms": per_page * 1000,
             "stall_ms": stall * 1000,
-            "sparse_ms": sparse_stall * 1000,
+            "first_page_ms": statistics.median(first_pages) * 1000,
+            "sparse_ms": statistics.median(sparse) * 1000,
             "lookup_us": lookup_us,
         }
     finally:
@@ -241,12 +254,15 @@ def main() -> int:
     if args.smoke:
         smoke_banner()
     print(f"### 1. Listing ids (pages of 1,000) and lookups, {args.addresses:,} addresses\n")
-    print("| backend | time per page | longest loop stall | sparse type (100 ids) | lookup |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| backend | time per page | longest stall, 20 pages | first page: longest stall "
+        "(median of 5) | sparse type, 100 ids: longest stall (median of 5) | lookup |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for r in listing:
         print(
             f"| {r['backend']} | {r['page_ms']:.1f} ms | {r['stall_ms']:.3f} ms "
-            f"| {r['sparse_ms']:.3f} ms stall | {r['lookup_us']:.1f} µs |"
+            f"| {r['first_page_ms']:.3f} ms | {r['sparse_ms']:.3f} ms | {r['lookup_us']:.1f} µs |"
         )
     print("\n### 2. Timeline memory (rings full)\n")
     print("| entries | held | per entry | one record() |")
