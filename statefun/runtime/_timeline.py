@@ -2,12 +2,8 @@
 
 ``Timeline.record`` is called by a dispatcher where it applies an invocation's results (and
 where an invocation fails). It keeps an entry in a ring of ``timeline_invocations`` entries
-per address, for at most ``timeline_addresses`` addresses. Once that many are kept, a new
-address gets a ring (the least recently invoked address's, cleared) only when it is invoked
-again while it is still among the last ``timeline_addresses`` addresses turned away: a load
-spread evenly over many more addresses then costs two lookups per invocation, instead of a
-ring taken and dropped each time (whose entries would be evicted before they were ever
-more than one). The job keeps a Timeline only while its admin server runs
+per address, for at most ``timeline_addresses`` addresses (the least recently invoked go
+first, and their ring is reused). The job keeps a Timeline only while its admin server runs
 (``admin_port``), which is where it is read, and not with ``timeline_invocations`` 0: then
 the dispatchers record nothing.
 
@@ -79,8 +75,6 @@ class Timeline:
         self.per_address = per_address
         self.addresses = addresses
         self._rings: OrderedDict[AddressKey, deque[_Entry]] = OrderedDict()
-        #: addresses invoked once while every ring was taken, the least recent first
-        self._turned_away: OrderedDict[AddressKey, None] = OrderedDict()
         #: wall clock minus perf_counter: an entry's time from the one clock read it takes
         self._wall_offset = time.time() - perf_counter()
 
@@ -107,20 +101,9 @@ class Timeline:
         rings = self._rings
         ring = rings.get(key)
         if ring is None:
-            if len(rings) >= self.addresses:
-                # Full: a new address gets a ring on its second invocation while it is still
-                # among the last `addresses` turned away (so a load spread over more addresses
-                # than that costs a lookup, not a ring per invocation); it takes the least
-                # recently invoked address's ring.
-                turned_away = self._turned_away
-                if turned_away.pop(key, 0) is None:
-                    ring = rings.popitem(last=False)[1]
-                    ring.clear()
-                else:
-                    turned_away[key] = None
-                    if len(turned_away) > self.addresses:
-                        turned_away.popitem(last=False)
-                    return
+            if len(rings) >= self.addresses:  # the least recent address's ring, reused
+                ring = rings.popitem(last=False)[1]
+                ring.clear()
             else:
                 ring = deque(maxlen=self.per_address)
             rings[key] = ring
