@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: the longest the loop is held while listing ids, before it is given back
-_SLICE_S = 0.00025
+_SLICE_S = 0.0002
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 

@@ -43,7 +43,7 @@ STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
 #: addresses of a key group sorted per step of ``ids_in_steps``
-IDS_STEP = 1024
+IDS_STEP = 512
 
 
 class MemoryStateBackend(StateBackend):
@@ -83,26 +83,27 @@ class MemoryStateBackend(StateBackend):
     def ids_in_steps(
         self, key_group: int, typename: str, after: str | None, limit: int
     ) -> Generator[None, None, list[str]]:
-        """Sorts the group's ids ``IDS_STEP`` at a time (a step each), then merges the runs:
-        never one sort of a whole large group (a million addresses in 128 groups: 8,000)."""
+        """Sorts the group's ids ``IDS_STEP`` at a time and merges each run into the
+        smallest ``limit`` so far (a step each): never one sort of a whole large group (a
+        million addresses in 128 groups: 7,800 each)."""
         group = self._groups.get(key_group)
         if not group or limit <= 0:
             return []
         keys = list(group)  # a copy: the event loop may write between steps
-        runs: list[str] = []
+        smallest: list[str] = []
         for start in range(0, len(keys), IDS_STEP):
             if start:
                 yield
-            run = sorted(
+            run = [
                 id_
                 for kind, id_ in keys[start : start + IDS_STEP]
                 if kind == typename and (after is None or id_ > after)
-            )
-            runs += run[:limit]
-        if len(keys) > IDS_STEP:
-            yield
-        runs.sort()  # sorted runs: Timsort merges them
-        return runs[:limit]
+            ]
+            if run:
+                smallest += run
+                smallest.sort()  # a sorted list and a run: Timsort merges them
+                del smallest[limit:]
+        return smallest
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)
