@@ -121,9 +121,12 @@ class Page:
         return result["result"].get("value")
 
     async def wait_for(self, expression: str, what: str) -> Any:
+        """Evaluate ``expression`` until it is truthy (an exception, as while the page is
+        still loading, counts as not yet)."""
         deadline = time.monotonic() + WAIT
+        guarded = f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()"
         while True:
-            value = await self.evaluate(expression)
+            value = await self.evaluate(guarded)
             if value:
                 return value
             assert time.monotonic() < deadline, f"the page never showed {what}"

@@ -166,7 +166,7 @@ function render(status, at) {
   rows.push(["invocations/s", fmt(invocationRate)]);
   for (const key of ["invocations", "messages_in_flight", "remote_messages_in_flight",
     "delayed_messages", "dead_letters", "parallelism"]) {
-    if (key in status) rows.push([key.replaceAll("_", " "), fmt(status[key], 0)]);
+    if (typeof status[key] === "number") rows.push([key.replaceAll("_", " "), fmt(status[key], 0)]);
   }
   const cp = status.checkpoints;
   if (cp) {
