@@ -87,6 +87,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self.real_time = False
         # timers within a microsecond of now are due (the clock moves in whole ms)
         self._clock_resolution = 1e-6
+        #: how often the clock jumped to a timer (a periodic task shows as many jumps)
+        self.jumps = 0
 
     def time(self) -> float:
         return (self.now_ms - self._start_ms) / 1000.0
@@ -104,6 +106,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             step = max(0, math.ceil(timeout * 1000 - _SLACK_MS))
             if self.now_ms + step <= self._target_ms:
                 self.now_ms += step
+                self.jumps += 1
                 return
         self.now_ms = max(self.now_ms, self._target_ms)
         self.stop()

@@ -322,3 +322,13 @@ def test_crash_and_restore_with_the_rocksdb_backend(tmp_path: Path) -> None:
         harness.crash_and_restore()
         assert harness.state("test/counter", "a") == {"count": 2, "last": "y"}
         assert harness.settings.state_backend == "rocksdb"
+
+
+def test_a_month_of_virtual_time_wakes_nothing_on_its_own(tmp_path: Path) -> None:
+    """No periodic task of the job wakes on a virtual clock without a reason: a month of an
+    idle job's time is a handful of loop steps, not millions."""
+    with JobHarness(module(tmp_path, EMBEDDED), checkpoints=True) as harness:
+        loop = harness._loop
+        before = loop.jumps
+        harness.advance(timedelta(days=31))
+        assert loop.jumps - before < 1_000, loop.jumps - before
