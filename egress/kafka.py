@@ -80,12 +80,15 @@ from typing import Any, Literal, TypeVar
 from google.protobuf.message import DecodeError
 
 from statefun._exceptions import ConfigurationError, UnavailableError
+from statefun._kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
+from statefun._kafka._dead_letters import headers
+from statefun._kafka._yaml import parse_egress
+from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.egress.base import EgressRecord, Sink
-from statefun.ingress.kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
 from statefun.module._specs import KafkaEgressSpec
 from statefun.sdk._proto import egress_pb2
 
-__all__ = ["KAFKA_PRODUCER_RECORD", "KafkaSink"]
+__all__ = ["KAFKA_PRODUCER_RECORD", "KIND", "KafkaSink"]
 
 log = logging.getLogger(__name__)
 
@@ -247,12 +250,8 @@ class KafkaSink(Sink):
         self.rejected += 1
         log.error("egress %s: record skipped: %s", self.egress_id, reason)
         if self.dead_letter_topic is not None:
-            headers = [
-                ("pystatefun.egress", self.egress_id.encode()),
-                ("pystatefun.typename", str(typed.typename).encode()),
-                ("pystatefun.reason", reason.encode()),
-            ]
-            self._buffer.append((self.dead_letter_topic, None, bytes(typed.value), headers))
+            extra = headers(egress=self.egress_id, typename=typed.typename, reason=reason)
+            self._buffer.append((self.dead_letter_topic, None, bytes(typed.value), extra))
 
     # -- the producer thread ----------------------------------------------------------------------
 
@@ -672,3 +671,25 @@ def _row(row: Any) -> Row:
         bytes(value),
         None if headers is None else [(str(n), bytes(v)) for n, v in headers],
     )
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+def _build(spec: KafkaEgressSpec, context: ConnectorContext) -> KafkaSink:
+    return KafkaSink.from_spec(spec)
+
+
+def _label(spec: KafkaEgressSpec) -> str:
+    return f"kafka egress {spec.id}\n{spec.delivery_semantic}"
+
+
+KIND = ConnectorKind(
+    "io.statefun.kafka.v1/egress",
+    "egress",
+    KafkaEgressSpec,
+    parse_egress,
+    _build,
+    _label,
+    strict=False,
+)

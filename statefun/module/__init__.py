@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from statefun._exceptions import ModuleError
 from statefun.module._durations import format_duration, parse_duration
-from statefun.module._loader import KINDS, load_module, load_module_text
+from statefun.module._loader import kinds, load_module, load_module_text
 from statefun.module._specs import (
     ASYNC_TRANSPORT,
     OKHTTP_TRANSPORT,
@@ -27,7 +27,6 @@ from statefun.module._specs import (
 
 __all__ = [
     "ASYNC_TRANSPORT",
-    "KINDS",
     "OKHTTP_TRANSPORT",
     "EgressSpec",
     "EmbeddedEndpointSpec",
@@ -46,6 +45,7 @@ __all__ = [
     "StdoutEgressSpec",
     "TransportSpec",
     "format_duration",
+    "kinds",
     "load_module",
     "load_module_text",
     "parse_duration",

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun.egress import _kafka_append
 from statefun.egress._kafka_append import (
     BatchTooLarge,
@@ -22,7 +23,6 @@ from statefun.egress._kafka_append import (
 )
 from statefun.egress._kafka_partitioner import KeyPartitioner
 from statefun.egress.kafka import KafkaSink
-from statefun.ingress.kafka import import_kafka
 from tests.integration.test_kafka_io import (
     EGRESS,
     by_partition,
