@@ -13,9 +13,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import ConfigurationError, JobFailedError
+
+if TYPE_CHECKING:  # (imported where used: the CLI starts fast)
+    from statefun._settings import Settings
+    from statefun.module._specs import ModuleSpec
 
 __all__ = [
     "add_plan_arguments",
@@ -105,7 +109,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> tuple[object, object]:
+def _load(args: argparse.Namespace) -> tuple[ModuleSpec, Settings]:
     from statefun._settings import Settings
     from statefun.module import load_module
 
@@ -122,14 +126,14 @@ def plan(args: argparse.Namespace) -> int:
     from statefun.runtime._plan import make_plan
 
     module, settings = _load(args)
-    FunctionRegistry(module)  # type: ignore[arg-type]  # embedded code is found, as by run
-    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    FunctionRegistry(module)  # embedded code is found, as by run
+    job_plan = make_plan(module, settings)
     text = job_plan.to_dot() if args.format == "dot" else job_plan.to_text()
     sys.stdout.write(text + "\n")
     return 0
 
 
-def _check_folders(settings: Any) -> None:
+def _check_folders(settings: Settings) -> None:
     """The folders the job will write: each usable, or a one-line ConfigurationError."""
     from statefun._oserrors import usable_directory
     from statefun.checkpoint.storage import storage_path
@@ -144,11 +148,9 @@ def _check_folders(settings: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
 
     module, settings = _load(args)
-    assert isinstance(module, ModuleSpec)
     _check_folders(settings)
     log.info(
         "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",
@@ -157,15 +159,15 @@ def run(args: argparse.Namespace) -> int:
         len(module.egresses),
         ", ".join(str(p) for p in module.paths) or "-",
     )
-    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    job_plan = make_plan(module, settings)
     log.info("plan: %s", job_plan.summary())
     for line in job_plan.functions:
         log.info("functions: %s", line)
-    if settings.checkpoint_dir:  # type: ignore[attr-defined]
+    if settings.checkpoint_dir:
         log.info(
             "checkpoints: every %d ms to %s",
-            settings.checkpoint_interval_ms,  # type: ignore[attr-defined]
-            settings.checkpoint_dir,  # type: ignore[attr-defined]
+            settings.checkpoint_interval_ms,
+            settings.checkpoint_dir,
         )
     else:
         log.info("checkpoints: off (set checkpoint_dir for exactly-once across restarts)")
@@ -174,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
     restarts = RestartPolicy(settings)
     while True:
-        job = build_job(module, settings)  # type: ignore[arg-type]
+        job = build_job(module, settings)
         job.restore_from = from_savepoint
         job.allow_dropping_state = args.allow_dropping_state
         restarts.started()
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         except JobFailedError as exc:
             log.error("%s", exc)
-            if not settings.checkpoint_dir or job.stopped_by_user:  # type: ignore[attr-defined]
+            if not settings.checkpoint_dir or job.stopped_by_user:
                 return 1
             delay, what = restarts.failed()
             if delay is None:
