@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from statefun._settings import Settings
     from statefun.egress.base import Sink
     from statefun.ingress.base import Source
-    from statefun.module._fields import Fields
+    from statefun.module import Fields
 
 __all__ = [
     "ConnectorContext",
@@ -73,7 +73,8 @@ class ConnectorKind(Generic[S]):
     name: str  # the kind as module.yaml writes it: "io.pystatefun.file.v1/ingress"
     role: Literal["ingress", "egress"]
     spec_type: type[S]
-    #: the spec from the YAML ``spec`` mapping (``Fields.done`` is called after it)
+    #: the spec from the YAML ``spec`` mapping, read through ``statefun.module.Fields``
+    #: (``Fields.done`` is called after it)
     parse: Callable[[Fields], S]
     #: a ``Source`` (ingress) or a ``Sink`` (egress) for the spec
     build: Callable[[S, ConnectorContext], Source | Sink]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statefun._exceptions import ModuleError
 from statefun.module._durations import format_duration, parse_duration
+from statefun.module._fields import Fields
 from statefun.module._loader import kinds, load_module, load_module_text
 from statefun.module._specs import (
     ASYNC_TRANSPORT,
@@ -31,6 +32,7 @@ __all__ = [
     "EgressSpec",
     "EmbeddedEndpointSpec",
     "EndpointSpec",
+    "Fields",
     "FileEgressSpec",
     "FileIngressSpec",
     "FunctionTarget",

@@ -20,8 +20,7 @@ from statefun._exceptions import ModuleError
 from statefun._settings import Settings
 from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.ingress.base import IngressContext, Source
-from statefun.module import load_module
-from statefun.module._fields import Fields
+from statefun.module import Fields, load_module
 from statefun.runtime._plan import build_job, make_plan
 from statefun.sdk import StringType, TypedValue
 
