@@ -6,6 +6,11 @@ takes, in this process (statefun.testing.FunctionHarness).
                    30 invocations, 30 egress records), checked
   reminders-30d-N  the same for N addresses at once (N x 30 delayed messages)
   send             one invocation through ``send`` (a counter: read, write, egress), per call
+  job-reminder-30d the reminder in a module.yaml on the real runtime (JobHarness): a new
+                   job, one ingress record, ``advance(31 days)``, checked, the job closed
+  job-reminders-30d-N          the same for N addresses
+  job-reminders-30d-N-daily-checkpoints   and a checkpoint every virtual day (31 of them,
+                   written and fsynced to a temporary folder)
 
 Each figure is the best of ``--repeat`` runs.
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +46,7 @@ from statefun import (  # noqa: E402
     make_json_type,
     message_builder,
 )
-from statefun.testing import FunctionHarness, KafkaRecord  # noqa: E402
+from statefun.testing import FunctionHarness, JobHarness, KafkaRecord  # noqa: E402
 
 functions = StatefulFunctions()
 REMINDER = make_json_type("bench/Reminder")
@@ -104,21 +110,71 @@ def sends(count: int) -> float:
     return elapsed / count
 
 
+MODULE = f"""\
+kind: io.pystatefun.endpoints.v1/embedded
+spec:
+  functions: bench/*
+  module: {Path(__file__).resolve()}:functions
+---
+kind: io.pystatefun.file.v1/ingress
+spec:
+  id: bench/in
+  path: in.jsonl
+---
+kind: io.pystatefun.stdout.v1/egress
+spec:
+  id: bench/mail
+"""
+
+
+def job_reminders(module: Path, addresses: int, checkpoints: bool, days: int = 30) -> float:
+    """Seconds for one job-level test: a JobHarness on ``module``, ``addresses`` ingress
+    records, ``advance`` through the days (a checkpoint each day if ``checkpoints``), checks,
+    close."""
+    started = time.perf_counter()
+    interval = timedelta(days=1) if checkpoints else None
+    with JobHarness(module, checkpoint_interval=interval) as harness:
+        ingress = harness.ingress("bench/in")
+        for n in range(addresses):
+            ingress.send(
+                f"user-{n}", {"days": days}, target="bench/reminder", typename="bench/Reminder"
+            )
+        harness.advance(timedelta(days=days + 1))
+        mail = harness.egress("bench/mail").records
+        expect(len(mail) == addresses * days, f"{len(mail)} reminders")
+        last = f"user-{addresses - 1}"
+        expect(harness.state("bench/reminder", last) == {"sent": days}, "state")
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs; the best counts")
     parser.add_argument("--addresses", type=int, default=1_000, help="addresses of reminders-30d-N")
     parser.add_argument("--sends", type=int, default=20_000, help="invocations timed by send")
+    parser.add_argument(
+        "--job-addresses", type=int, default=100, help="addresses of job-reminders-30d-N"
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     if args.smoke:
-        args.repeat, args.addresses, args.sends = 1, 10, 100
+        args.repeat, args.addresses, args.sends, args.job_addresses = 1, 10, 100, 5
     progress("reminder-30d ...")
     one = min(reminders(1) for _ in range(args.repeat))
     progress(f"reminders-30d-{args.addresses} ...")
     many = min(reminders(args.addresses) for _ in range(args.repeat))
     progress("send ...")
     per_send = min(sends(args.sends) for _ in range(args.repeat))
+    with tempfile.TemporaryDirectory() as folder:
+        module = Path(folder) / "module.yaml"
+        module.write_text(MODULE, encoding="utf-8")
+        progress("job-reminder-30d ...")
+        job_one = min(job_reminders(module, 1, False) for _ in range(args.repeat))
+        n = args.job_addresses
+        progress(f"job-reminders-30d-{n} ...")
+        job_many = min(job_reminders(module, n, False) for _ in range(args.repeat))
+        progress(f"job-reminders-30d-{n}-daily-checkpoints ...")
+        job_checkpointed = min(job_reminders(module, n, True) for _ in range(args.repeat))
     if args.smoke:
         smoke_banner()
     print(f"Python {platform.python_version()}; best of {args.repeat}")
@@ -128,6 +184,12 @@ def main() -> None:
     print(f"| reminder-30d | 30 | {one * 1e3:.2f} ms |")
     print(f"| reminders-30d-{args.addresses} | {args.addresses * 30:,} | {many * 1e3:.1f} ms |")
     print(f"| send | 1 | {per_send * 1e6:.1f} us |")
+    print(f"| job-reminder-30d | 30 | {job_one * 1e3:.1f} ms |")
+    print(f"| job-reminders-30d-{n} | {n * 30:,} | {job_many * 1e3:.1f} ms |")
+    print(
+        f"| job-reminders-30d-{n}-daily-checkpoints | {n * 30:,} | "
+        f"{job_checkpointed * 1e3:.1f} ms |"
+    )
 
 
 if __name__ == "__main__":

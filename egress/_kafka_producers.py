@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from statefun._exceptions import UnavailableError
@@ -43,6 +44,7 @@ class Producers:
         plain_config: dict[str, Any],
         transactional_config: dict[str, Any],
         consumer_config: dict[str, Any],
+        send_offsets: Callable[[Any, int, str, str], None],
     ) -> None:
         self.egress_id = egress_id
         self.bootstrap_servers = bootstrap_servers
@@ -53,6 +55,9 @@ class Producers:
         self._plain_config = plain_config
         self._transactional_config = transactional_config
         self._consumer_config = consumer_config
+        #: (producer, checkpoint id, lineage, marker topic): the offsets a transaction commits
+        #: with its records (the sink's, which subclasses may replace)
+        self._send_offsets = send_offsets
         self.plain: Any = None  # KafkaProducer (at-least-once, none)
         self._tx_producers: list[Any] = [None for _ in SLOTS]  # KafkaProducer per slot
         self._tx_open = [False for _ in SLOTS]  # a transaction begun, not committed
@@ -167,14 +172,12 @@ class Producers:
     def tx_commit(
         self, slot: int, checkpoint_id: int, lineage: str, marker_topic: str, unsent: list[Row]
     ) -> None:
-        """Produce ``unsent`` into slot ``slot``'s transaction, add the marker, commit."""
-        kafka = import_kafka()
+        """Produce ``unsent`` into slot ``slot``'s transaction, add its offsets (the marker),
+        commit."""
         self.tx_send(slot, unsent, True)
         try:
             producer = self._tx_producers[slot]
-            marker = kafka.TopicPartition(marker_topic, 0)
-            offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
-            producer.send_offsets_to_transaction(offsets, self.commit_group)
+            self._send_offsets(producer, checkpoint_id, lineage, marker_topic)
             producer.commit_transaction()
             self._tx_open[slot] = False
         except BaseException as exc:

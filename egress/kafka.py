@@ -89,7 +89,7 @@ from statefun.egress.base import EgressRecord, Sink
 from statefun.module._specs import KafkaEgressSpec
 from statefun.sdk._proto import egress_pb2
 
-__all__ = ["KAFKA_PRODUCER_RECORD", "KIND", "KafkaSink"]
+__all__ = ["KAFKA_PRODUCER_RECORD", "KIND", "KafkaSink", "Row"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,7 @@ class KafkaSink(Sink):
             self._plain_config,
             self._transactional_config,
             self._consumer_config,
+            self._send_offsets,
         )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-sink-{egress_id}")
         self.produced = 0
@@ -239,6 +240,10 @@ class KafkaSink(Sink):
                 continue
             buffer.append((topic, message.key or None, message.value_bytes, None))
 
+    def write_rows(self, rows: list[Row]) -> None:
+        """Records already in the producer's terms (topic, key, value, headers), in order."""
+        self._buffer.extend(rows)
+
     def _reject(self, typed: Any, reason: str) -> None:
         self.rejected += 1
         log.error("egress %s: record skipped: %s", self.egress_id, reason)
@@ -257,6 +262,17 @@ class KafkaSink(Sink):
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _send_offsets(
+        self, producer: Any, checkpoint_id: int, lineage: str, marker_topic: str
+    ) -> None:
+        """The offsets transaction ``checkpoint_id`` commits with its records (on the producer
+        thread, from ``Producers.tx_commit``): the marker that says it reached Kafka
+        (``recover``)."""
+        kafka = import_kafka()
+        marker = kafka.TopicPartition(marker_topic, 0)
+        offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
+        producer.send_offsets_to_transaction(offsets, self.commit_group)
 
     # -- flush and close --------------------------------------------------------------------------
 

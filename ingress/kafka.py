@@ -344,18 +344,7 @@ class KafkaSource(Source):
             self._assigned.clear()
             await self._discover(first=True)
             self._started, self._reseek = True, False
-        routes = {
-            name: _Route(spec, context, self.json_types) for name, spec in self.topics.items()
-        }
-        for name, route in routes.items():
-            if route.unknown:
-                log.error(
-                    "ingress %s: topic %r targets %s, which no endpoint of the module serves; "
-                    "their records are skipped (and sent to the dead-letter topic, if set)",
-                    self.ingress_id,
-                    name,
-                    ", ".join(route.unknown),
-                )
+        routes = self._routes(context)
         next_discovery = loop.time() + self.discovery_interval_s
         polling = self._call(self._poll)
         try:
@@ -368,6 +357,22 @@ class KafkaSource(Source):
                 await self._route_all(batch, routes, context)
         finally:
             polling.cancel()
+
+    def _routes(self, context: IngressContext) -> dict[str, _Route]:
+        """Where each topic's records go; targets no endpoint serves are logged once."""
+        routes = {
+            name: _Route(spec, context, self.json_types) for name, spec in self.topics.items()
+        }
+        for name, route in routes.items():
+            if route.unknown:
+                log.error(
+                    "ingress %s: topic %r targets %s, which no endpoint of the module serves; "
+                    "their records are skipped (and sent to the dead-letter topic, if set)",
+                    self.ingress_id,
+                    name,
+                    ", ".join(route.unknown),
+                )
+        return routes
 
     async def _route_all(
         self, batch: list[Any], routes: dict[str, _Route], context: IngressContext

@@ -346,16 +346,31 @@ def _kafka(args: argparse.Namespace) -> int:
     return _command.run(args)
 
 
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun.cluster import _command
+
+    _command.add_worker_arguments(parser)
+
+
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    from statefun.cluster import _status
+
+    _status.add_status_arguments(parser)
+
+
 # -- the registry and main -----------------------------------------------------------------
 
 
-def _runtime_command(name: str) -> Callable[[argparse.Namespace], int]:
+def _runtime_command(
+    name: str, module: str = "statefun.runtime._commands"
+) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        import importlib
+
         from statefun._exceptions import ConfigurationError, UnavailableError
-        from statefun.runtime import _commands
 
         try:
-            result: int = getattr(_commands, name)(args)
+            result: int = getattr(importlib.import_module(module), name)(args)
         except ConfigurationError as exc:
             raise UsageError(str(exc)) from None
         except UnavailableError as exc:
@@ -429,6 +444,18 @@ COMMANDS: list[Command] = [
         _kafka,
     ),
     Command("dead-letters", "list, show or replay dead letters", *_dead_letters.COMMAND),
+    Command(
+        "worker",
+        "run one worker of a clustered job on Kafka (docs/guide/cluster.md)",
+        _worker_arguments,
+        _runtime_command("worker", "statefun.cluster._command"),
+    ),
+    Command(
+        "status",
+        "which worker of a clustered job owns which key groups and input partitions",
+        _status_arguments,
+        _runtime_command("status", "statefun.cluster._status"),
+    ),
 ]
 
 

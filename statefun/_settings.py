@@ -326,6 +326,54 @@ class Settings:
         ),
     )
 
+    cluster_bootstrap_servers: str = field(
+        default="",
+        metadata=_doc(
+            "Kafka bootstrap servers (HOST:PORT[,...]) of a clustered job: its workers share "
+            "key groups, state and messages through Kafka (docs/guide/cluster.md); empty: one "
+            "process, no Kafka needed"
+        ),
+    )
+    cluster_job_id: str = field(
+        default="",
+        metadata=_doc("a clustered job's name; every worker of the job sets the same one"),
+    )
+    cluster_worker_id: str = field(
+        default="",
+        metadata=_doc(
+            "this worker's name, stable across its restarts and unique in the job (it names "
+            "its transactional ids); empty: the machine's host name"
+        ),
+    )
+    cluster_partitions: int = field(
+        default=0,
+        metadata=_doc(
+            "partitions of the job's exchange and changelog topics, each holding a contiguous "
+            "range of key groups; the most workers that can share the job; 0: max_parallelism"
+        ),
+    )
+    cluster_session_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "how long a silent worker keeps its key groups before the others take them over"
+        ),
+    )
+    cluster_heartbeat_interval_ms: int = field(
+        default=3_000,
+        metadata=_doc("a worker's heartbeats to the group (at most a third of the session)"),
+    )
+    cluster_transaction_timeout_ms: int = field(
+        default=10_000,
+        metadata=_doc(
+            "the broker aborts a worker's open transaction after this long: how long the key "
+            "groups of a worker that died for good wait before another reads past its output"
+        ),
+    )
+    cluster_replication_factor: int = field(
+        default=1,
+        metadata=_doc("replicas of the job's exchange and changelog topics when they are made"),
+    )
+
     def __post_init__(self) -> None:
         _check_values(self)
         if self.parallelism < 1:
@@ -409,7 +457,7 @@ class Settings:
             if raw is not None:
                 values[name] = _convert(name, f, raw)
         for name, raw in (overrides or {}).items():
-            key = name.replace("-", "_")
+            key = name.replace("-", "_").replace(".", "_")  # cluster.job_id: cluster_job_id
             if key not in known:
                 raise ConfigurationError(
                     f"unknown setting {name!r}; known settings: {', '.join(sorted(known))}"
@@ -456,6 +504,10 @@ _LOWER_BOUNDS: dict[str, int] = {
     "max_response_bytes": 1,
     "checkpoint_interval_ms": 10,
     "checkpoints_retained": 1,
+    "cluster_replication_factor": 1,
+    "cluster_session_timeout_ms": 1,
+    "cluster_heartbeat_interval_ms": 1,
+    "cluster_transaction_timeout_ms": 1,
 }
 
 #: text settings that must not be empty (a file or folder that is always used)

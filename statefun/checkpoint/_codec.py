@@ -11,7 +11,14 @@ from statefun.runtime._timers import DelayedEntry
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
 
-__all__ = ["decode_envelopes", "decode_timers", "encode_envelopes", "encode_timers"]
+__all__ = [
+    "decode_envelopes",
+    "decode_timers",
+    "encode_envelopes",
+    "encode_timers",
+    "envelope_from_row",
+    "envelope_row",
+]
 
 
 def _envelope_row(e: Envelope) -> list[Any]:
@@ -34,6 +41,11 @@ def _envelope(row: list[Any]) -> Envelope:
         namespace, name, cid = caller
         address = SdkAddress(namespace, name, cid, f"{namespace}/{name}")
     return Envelope(typename, id_, TypedValue(v_typename, value if has_value else None), address)
+
+
+#: one message as plain (msgpack-able) data, and back (also the cluster's exchange records)
+envelope_row = _envelope_row
+envelope_from_row = _envelope
 
 
 def encode_envelopes(envelopes: list[Envelope]) -> bytes:

@@ -97,6 +97,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even if the savepoint holds state of function types the module lost",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N worker processes of a clustered job on Kafka, restarting one that dies "
+        "(needs cluster.bootstrap_servers and cluster.job_id; docs/guide/cluster.md); "
+        "default: one process without Kafka",
+    )
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +160,15 @@ def run(args: argparse.Namespace) -> int:
     from statefun.runtime._plan import build_job, make_plan
 
     module, settings = _load(args)
+    if args.workers:
+        from statefun.cluster._supervisor import supervise
+
+        if args.from_savepoint:
+            raise ConfigurationError("--from-savepoint cannot start a clustered job yet")
+        pairs = list(args.settings)
+        if args.parallelism is not None:
+            pairs.append(f"parallelism={args.parallelism}")
+        return supervise(module, settings, args.modules, pairs, args.workers)
     _check_folders(settings)
     log.info(
         "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",

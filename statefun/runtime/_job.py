@@ -79,6 +79,8 @@ class Job:
         sinks: Iterable[Sink] = (),
         state: StateBackend | None = None,
         clock: Callable[[], int] = now_ms,
+        client: RemoteClient | None = None,
+        poll_interval_s: float | None = 0.05,
     ) -> None:
         self.module = module
         self.settings = settings or Settings()
@@ -86,13 +88,19 @@ class Job:
         self.state: StateBackend = state or create_backend(
             self.settings.state_backend, self.settings.state_dir
         )
-        self.client = RemoteClient(
+        #: how remote functions are called: pooled HTTP, or what the caller gives (the test
+        #: kit's JobHarness calls in-process functions, bytes in and bytes out)
+        self.client = client or RemoteClient(
             max_connections=self.settings.remote_max_connections,
             initial_backoff_ms=self.settings.remote_retry_initial_backoff_ms,
             max_backoff_ms=self.settings.remote_retry_max_backoff_ms,
             max_response_bytes=self.settings.max_response_bytes,
             log_interval_s=self.settings.remote_log_interval_ms / 1000.0,
         )
+        #: how long the main loop waits for a change before it flushes the sinks anyway (None:
+        #: only on a change; a harness on a virtual clock would otherwise wake 20 times for
+        #: every virtual second it skips)
+        self._poll_interval_s = poll_interval_s
         #: why a /call over the HTTP ingress got no reply in time (asked on its timeout)
         self.unanswered_calls = UnansweredCalls(self, REPLY_TYPENAME)
         #: the wall clock (ms since the epoch) of delayed messages and state TTL
@@ -310,12 +318,25 @@ class Job:
         self._stopping.set()
         self._changed.set()
 
+    def crash(self) -> None:
+        """Stop at once as if the process died here: the dispatchers are cancelled, nothing
+        more is committed or checkpointed, the state is dropped (``run`` then raises
+        ``JobFailedError``). The test kit's ``crash_and_restore``; the runtime never calls it."""
+        self._crashed = True
+        self.fail(SimulatedCrash("simulated crash"))
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask the job to stop (graceful: in-flight batches finish, sinks are flushed)."""
         self._stopping.set()
         self._changed.set()
+
+    def abandon(self) -> None:
+        """Stop as if the process died: nothing more leaves, nothing is flushed or committed
+        (a clustered worker drops the job of partitions it gave up after their checkpoint)."""
+        self._crashed = True
+        self.stop()
 
     def _finished(self) -> bool:
         if self._stopping.is_set():
@@ -335,7 +356,7 @@ class Job:
             while not self._finished():
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=0.05)
+                    await asyncio.wait_for(self._changed.wait(), timeout=self._poll_interval_s)
                 await self._flush_sinks()
                 self.check_sink_backlog()
                 idle_delay = self.settings.idle_checkpoint_delay_ms

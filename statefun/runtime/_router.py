@@ -15,7 +15,7 @@ flight inline, which is the runtime's hot path.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from statefun._addresses import REPLY_TYPENAME
@@ -55,6 +55,12 @@ class Router(Admission):
         """Route to ``subtasks`` (the job's dispatchers, one per subtask index)."""
         p, max_p = len(subtasks), self.settings.max_parallelism
         self.subtask_of[:] = [subtasks[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)]
+
+    def reroute(self, key_groups: Iterable[int], subtask: Subtask) -> None:
+        """Route ``key_groups`` to ``subtask`` instead (a clustered worker sends the messages
+        of key groups other workers own to the exchange this way)."""
+        for key_group in key_groups:
+            self.subtask_of[key_group] = subtask
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         self.send(Envelope(typename, id_, value, caller))

@@ -247,17 +247,7 @@ class FunctionHarness:
         (expired TTL values are gone, as a function would find them)."""
         function = self._function(typename)
         values = _live_values(self._state.get((typename, id)), self._now_ms)
-        specs = function.value_specs
-        out: dict[str, Any] = {}
-        for name, typed in values.items():
-            if typed is None or not typed.has_value:
-                continue
-            spec = specs.get(name)
-            if spec is not None and spec.type.typename == typed.typename:
-                out[name] = spec.type.serializer().deserialize(bytes(typed.value))
-            else:
-                out[name] = self._types.decode(typed)
-        return out
+        return self._types.decode_state(values, function.value_specs)
 
     def set_state(self, typename: str, id: str, **values: Any) -> None:
         """Give ``typename``/``id`` these state values (by ValueSpec name, encoded with its

@@ -2,6 +2,8 @@
 
 * ``statefun_harness``: a factory fixture, ``statefun_harness(functions, **options)`` gives a
   ``FunctionHarness``.
+* ``statefun_job``: a factory fixture, ``statefun_job("module.yaml", **options)`` gives a
+  ``JobHarness``, closed at the end of the test.
 * A failed ``assert outcome == expected`` (two Outcomes) lists the parts that differ, one line
   each, instead of two long reprs.
 
@@ -12,15 +14,16 @@ test uses it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from statefun.testing._harness import FunctionHarness
+    from statefun.testing._job_harness import JobHarness
 
-__all__ = ["pytest_assertrepr_compare", "statefun_harness"]
+__all__ = ["pytest_assertrepr_compare", "statefun_harness", "statefun_job"]
 
 
 @pytest.fixture
@@ -32,6 +35,24 @@ def statefun_harness() -> Callable[..., FunctionHarness]:
         return FunctionHarness(functions, **options)
 
     return make
+
+
+@pytest.fixture
+def statefun_job() -> Iterator[Callable[..., JobHarness]]:
+    """A factory: ``statefun_job(module, functions=..., checkpoints=...)`` -> JobHarness; each
+    one is closed (its job stopped, its temporary folder deleted) when the test ends."""
+    from statefun.testing._job_harness import JobHarness
+
+    made: list[JobHarness] = []
+
+    def make(module: Any, **options: Any) -> JobHarness:
+        harness = JobHarness(module, **options)
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        harness.close()
 
 
 def pytest_assertrepr_compare(config: Any, op: str, left: Any, right: Any) -> list[str] | None:

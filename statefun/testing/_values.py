@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from google.protobuf import descriptor_pool, message_factory
@@ -115,6 +115,20 @@ class TypeTable:
         return typed_value_from_json(value, typename)
 
     # -- typed values -> plain values ------------------------------------------------------
+
+    def decode_state(self, values: Mapping[str, Any], specs: Mapping[str, Any]) -> dict[str, Any]:
+        """An address's state values, decoded: by their ValueSpec's type (``specs``, by name)
+        when the stored value has it, else as ``decode`` does; absent values left out."""
+        out: dict[str, Any] = {}
+        for name, typed in values.items():
+            if typed is None or not typed.has_value:
+                continue
+            spec = specs.get(name)
+            if spec is not None and spec.type.typename == typed.typename:
+                out[name] = spec.type.serializer().deserialize(bytes(typed.value))
+            else:
+                out[name] = self.decode(typed)
+        return out
 
     def decode(self, typed: Any) -> Any:
         """The plain value of a typed value (anything with typename, has_value and value)."""

@@ -134,3 +134,8 @@ def test_restate_vs_pystatefun() -> None:
     for case in ("20 keys, 8 callers", "one key, 8 callers", "one key, one caller"):
         assert f"| {case} | Restate | - |" in out, f"{case}, Restate missing:\n{out}"
         assert f"| {case} | pystatefun | memory |" in out, f"{case}, pystatefun missing:\n{out}"
+
+
+def test_cluster(bootstrap: str) -> None:
+    out = smoke("cluster.py", "--bootstrap", bootstrap, timeout=300)
+    assert "| two-hop | cluster-2 |" in out

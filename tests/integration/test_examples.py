@@ -146,7 +146,7 @@ def test_greeter_remote_function_through_the_runtime(
         timeout=30,
     )
     assert missing.returncode == 1 and "HTTP 404" in missing.stderr
-    time.sleep(0.3)  # let the stdout egress flush (every 50 ms)
+    # (the stdout egress is flushed as the job stops)
     runtime.send_signal(signal.SIGTERM)
     out, _ = runtime.communicate(timeout=20)
     assert runtime.returncode == 0

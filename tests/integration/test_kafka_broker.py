@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from statefun._kafka_local.broker import KafkaBroker, probe_metadata
+from statefun._kafka_local._probe import probe_metadata
+from statefun._kafka_local.broker import KafkaBroker
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text/open_text,

@@ -184,7 +184,8 @@ async def test_delayed_message_fires_and_cancellation_removes_it(
     assert values == ["fired keep"]
 
 
-@pytest.mark.parametrize("where", ["embedded", "remote"])
+# embedded functions' TTL, without sleeping: tests/unit/test_runtime_virtual_time.py
+@pytest.mark.parametrize("where", ["remote"])
 async def test_expire_after_write(where: str, remote_url: str) -> None:
     endpoint = embedded() if where == "embedded" else remote(remote_url)
     script = [
@@ -210,7 +211,7 @@ class ManualClock:
         self.now += ms
 
 
-@pytest.mark.parametrize("where", ["embedded", "remote"])
+@pytest.mark.parametrize("where", ["remote"])  # embedded: tests/unit/test_runtime_virtual_time.py
 async def test_ttl_reads_the_jobs_clock(where: str, remote_url: str) -> None:
     """State TTL and delayed messages share the job's clock: while it stands still nothing
     expires, however long the wait; once it moves past the TTL, the value is gone."""

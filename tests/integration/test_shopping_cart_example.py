@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,8 @@ def receipts(out: str) -> list[dict[str, object]]:
 
 
 def run_until(args: list[str], cwd: Path, wanted: int, env: dict[str, str]) -> str:
-    """`statefun run ARGS` until it printed ``wanted`` receipts (and a checkpoint holds what
-    they came from), then SIGTERM; its stdout."""
+    """`statefun run ARGS` until it printed ``wanted`` receipts, then SIGTERM (the job stops
+    with a last checkpoint, which holds what they came from); its stdout."""
     process = subprocess.Popen(
         [*STATEFUN, "run", *args], cwd=cwd, stdout=subprocess.PIPE, text=True, env=env
     )
@@ -39,7 +38,6 @@ def run_until(args: list[str], cwd: Path, wanted: int, env: dict[str, str]) -> s
         lines.append(line)
         if len(lines) == wanted:
             break
-    time.sleep(1.5)  # checkpoints every second: one holds the state that made the receipts
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=30)
     assert process.returncode == 0

@@ -25,3 +25,16 @@ def test_every_package_is_listed() -> None:
             found.add(".".join((name, *relative.parts)) if relative.parts else name)
     # Sub-packages mapped to their own folder are found under that mapping, not twice.
     assert found == listed, f"missing: {sorted(found - listed)}, extra: {sorted(listed - found)}"
+
+
+def test_metadata_has_project_urls() -> None:
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert {"Homepage", "Documentation"} <= set(urls)
+    assert all(url.startswith("https://") for url in urls.values()), urls
+
+
+def test_installed_metadata_carries_the_urls() -> None:
+    from importlib.metadata import metadata
+
+    entries = metadata("pystatefun").get_all("Project-URL") or []
+    assert any(entry.startswith("Homepage, https://") for entry in entries), entries

@@ -17,12 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 USER_TEST = """
 from statefun.testing import Outcome, Sent
 from tests.unit._testing_fns import functions
+from tests.unit.test_testing_job_harness import EMBEDDED
 
 
 def test_fixture(statefun_harness):
     h = statefun_harness(functions)
     h.send("test/counter", "a", "x")
     assert h.state("test/counter", "a") == {"count": 1, "last": "x"}
+
+
+def test_job_fixture(statefun_job, tmp_path):
+    (tmp_path / "module.yaml").write_text(EMBEDDED)
+    job = statefun_job(tmp_path / "module.yaml")
+    job.send("test/counter", "a", "x")
+    job.run_until_idle()
+    assert job.state("test/counter", "a") == {"count": 1, "last": "x"}
 
 
 def test_outcomes_differ(statefun_harness):
@@ -44,7 +53,7 @@ def test_the_plugin_gives_the_fixture_and_explains_outcome_differences(tmp_path:
         check=False,
     )
     out = done.stdout
-    assert "1 failed, 1 passed" in out, out + done.stderr
+    assert "1 failed, 2 passed" in out, out + done.stderr
     assert "the outcomes differ (expected: right side):" in out, out
     assert (
         "messages[0]: expected Sent(typename='test/pong', id='k', value=5), "

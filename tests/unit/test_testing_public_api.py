@@ -1,12 +1,18 @@
 """Pins the public surface of the test kit, statefun.testing."""
 
+from pathlib import Path
+
 import statefun.testing
+from tests.unit.test_testing_job_harness import EMBEDDED
 
 TESTING_NAMES = {
     "Delayed",
     "EgressRecord",
+    "EgressStandIn",
     "FunctionFailedError",
     "FunctionHarness",
+    "IngressStandIn",
+    "JobHarness",
     "KafkaRecord",
     "KinesisRecord",
     "Outcome",
@@ -61,3 +67,41 @@ def test_outcome_surface() -> None:
         "state",
         "states",
     }
+
+
+JOB_HARNESS_API = {
+    "advance",
+    "call",
+    "checkpoint",
+    "checkpoints",
+    "close",
+    "crash_and_restore",
+    "dead_letters",
+    "egress",
+    "ingress",
+    "module",
+    "now",
+    "restarts",
+    "run_until_idle",
+    "send",
+    "settings",
+    "state",
+}
+
+
+def test_job_harness_surface(tmp_path: Path) -> None:
+    path = tmp_path / "module.yaml"
+    path.write_text(EMBEDDED, encoding="utf-8")
+    with statefun.testing.JobHarness(path) as harness:
+        public = {name for name in dir(harness) if not name.startswith("_")}
+        assert public == JOB_HARNESS_API
+        ingress, egress = harness.ingress("test/in"), harness.egress("test/events")
+        assert {n for n in dir(ingress) if not n.startswith("_")} == {"id", "log", "send", "source"}
+        assert {n for n in dir(egress) if not n.startswith("_")} == {
+            "clear",
+            "id",
+            "records",
+            "sink",
+            "transactional",
+            "visible",
+        }

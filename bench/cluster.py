@@ -1,0 +1,250 @@
+"""Scale-out on Kafka: one job in one process, and on 1 and 2 clustered worker processes.
+
+Kafka ingress -> embedded counter -> Kafka egress (exactly-once), 10,000 keys, as
+bench/kafka_e2e.py's ``sf-eo``; and a two-hop job (each input goes to ``bench/hop``, which sends
+it to the counter of another key: with two workers most hops cross between them through the
+job's exchange topic). Modes, each its own process tree, one after the other:
+
+  single      ``statefun run`` (one process, checkpoints to a local folder, no cluster)
+  cluster-1   ``statefun run --workers 1`` (one worker of a clustered job: exchange and
+              changelog topics, one Kafka transaction per checkpoint)
+  cluster-2   ``statefun run --workers 2`` (two workers on this machine)
+
+Per mode and job: records/s draining a backlog (``--records`` records over 4 partitions, read
+from the beginning; from the first output record to the last, plus one checkpoint interval),
+then p50/p99 end-to-end latency at ``--rate`` records/s for ``--seconds``, with the CPU time
+of every worker process and of the broker (when this script started it) over that phase, as
+shares of one core. Every record must arrive once (``read_committed``).
+
+    .venv/bin/python bench/cluster.py                 # about 4 minutes
+    .venv/bin/python bench/cluster.py --quick         # about 2 minutes
+    .venv/bin/python bench/cluster.py --smoke --bootstrap 127.0.0.1:9092  # does it run?
+
+Progress goes to stderr; a Markdown table and the ratios to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._common import SMOKE_HELP, cpu_seconds, expect, percentile, progress, smoke_banner  # noqa: E402
+from bench.kafka_e2e import KEYS, PARTITIONS, Reader, create_topics, feed, machine  # noqa: E402
+from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
+
+PYTHON = sys.executable
+FUNCTIONS = ROOT / "bench" / "_cluster_fns.py"
+MODES = {"single": 0, "cluster-1": 1, "cluster-2": 2}
+JOBS = {"one-hop": "bench/counter", "two-hop": "bench/hop"}
+
+
+@dataclass
+class Result:
+    mode: str
+    job: str
+    records_per_s: float
+    p50_ms: float
+    p99_ms: float
+    worker_cpu: list[float]  # % of a core, each worker process
+    broker_cpu: float | None
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def start(
+    mode: str,
+    job: str,
+    bootstrap: str,
+    topics: list[str],
+    out: str,
+    tmp: Path,
+    args: argparse.Namespace,
+) -> subprocess.Popen[bytes]:
+    specs = "".join(
+        f"    - topic: {t}\n      valueType: bench/Stamp\n      targets:\n        - {JOBS[job]}\n"
+        for t in topics
+    )
+    module = tmp / f"{mode}-{job}.yaml"
+    module.write_text(
+        "kind: io.pystatefun.endpoints.v1/embedded\n"
+        f"spec:\n  functions: bench/*\n  module: {FUNCTIONS}:functions\n"
+        "---\nkind: io.statefun.kafka.v1/ingress\nspec:\n  id: bench/in\n"
+        f"  address: {bootstrap}\n  consumerGroupId: {out}-group\n"
+        "  startupPosition:\n    type: earliest\n"
+        f"  topics:\n{specs}"
+        "---\nkind: io.statefun.kafka.v1/egress\nspec:\n  id: bench/out\n"
+        f"  address: {bootstrap}\n  deliverySemantic:\n    type: exactly-once\n"
+        "    transactionTimeout: 1min\n"
+        f"  properties:\n    - transactional.id: {out}-tx\n"
+    )
+    folder = tmp / f"{mode}-{job}"
+    folder.mkdir()
+    command = [PYTHON, "-m", "statefun", "--log-level", args.log_level, "run", str(module)]
+    command += ["--set", f"checkpoint_interval_ms={args.interval_ms}"]
+    command += ["--set", f"dead_letter_path={folder / 'dead.jsonl'}"]
+    if MODES[mode]:
+        command += ["--workers", str(MODES[mode])]
+        command += ["--set", f"cluster.bootstrap_servers={bootstrap}"]
+        command += ["--set", f"cluster.job_id={out}", "--set", "cluster.worker_id=bench"]
+        command += ["--set", f"cluster.partitions={args.partitions}"]
+    else:
+        command += ["--set", f"checkpoint_dir={folder / 'checkpoints'}"]
+    env = {**os.environ, "BENCH_KAFKA_OUT": out}
+    with (tmp / f"{mode}-{job}.log").open("wb") as err:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=folder)
+
+
+def run(
+    mode: str,
+    job: str,
+    bootstrap: str,
+    backlog: str,
+    broker_pid: int | None,
+    args: argparse.Namespace,
+    tmp: Path,
+) -> Result:
+    tag = f"{mode}-{job}-{uuid.uuid4().hex[:6]}"
+    live, out = f"{tag}-live", f"{tag}-out"
+    create_topics(bootstrap, live, out)
+    reader = Reader(bootstrap, out)
+    process = start(mode, job, bootstrap, [backlog, live], out, tmp, args)
+    n, want = args.records, int(args.rate * args.seconds)
+    arrivals: list[float] = []
+    latencies: list[float] = []
+    seen = extra = 0
+    feeder = None
+    try:
+        progress(f"[{tag}] backlog of {n:,}")
+        deadline = time.monotonic() + 90 + n / 300
+        while seen < n:
+            expect(process.poll() is None, f"{tag}: exited {process.returncode}, see {tmp}")
+            expect(time.monotonic() < deadline, f"{tag}: {seen} of {n} after the deadline")
+            got = sum(1 for value in reader.poll() if value[:1] == b"T")
+            if got:
+                seen += got
+                arrivals.append(time.monotonic())
+        drain = max(arrivals[-1] - arrivals[0] + args.interval_ms / 1000, 0.001)
+        progress(f"[{tag}]   {n / drain:,.0f} records/s")
+        pids = children(process.pid) if MODES[mode] else [process.pid]
+        before = [cpu_seconds(p) for p in pids]
+        broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
+        started = time.monotonic()
+        feeder = feed(bootstrap, live, want, args.rate, "L")
+        deadline = time.monotonic() + args.seconds + 60
+        while len(latencies) < want and time.monotonic() < deadline:
+            values = reader.poll()
+            now_ns = time.time_ns()
+            for value in values:
+                if value[:1] == b"L":
+                    latencies.append((now_ns - int(value[2:].split(b" ", 1)[0])) / 1e6)
+                else:
+                    extra += 1
+        elapsed = time.monotonic() - started
+        cpu = [100 * (cpu_seconds(p) - b) / elapsed for p, b in zip(pids, before, strict=True)]
+        broker = 100 * (cpu_seconds(broker_pid) - broker_before) / elapsed if broker_pid else None
+        settle = time.monotonic() + 2 * args.interval_ms / 1000
+        while time.monotonic() < settle:
+            extra += len(reader.poll())
+    finally:
+        if feeder is not None:
+            feeder.wait(timeout=60)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        reader.close()
+    expect(len(latencies) == want, f"{tag}: {len(latencies)} of {want} latency records")
+    expect(extra == 0, f"{tag}: {extra} records arrived twice")
+    ordered = sorted(latencies)
+    result = Result(
+        mode, job, n / drain, percentile(ordered, 0.5), percentile(ordered, 0.99), cpu, broker
+    )
+    progress(f"[{tag}]   p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, CPU {cpu}")
+    return result
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    print(f"\n{machine()}")
+    print(
+        f"backlog {args.records:,} records over {PARTITIONS} partitions, {KEYS:,} keys; latency "
+        f"and CPU at {args.rate:,.0f} records/s for {args.seconds:g} s; checkpoints every "
+        f"{args.interval_ms} ms; cluster_partitions {args.partitions}\n"
+    )
+    print("| job | mode | records/s | p50 | p99 | CPU per worker | broker CPU |")
+    print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
+    for r in results:
+        workers = " + ".join(f"{c:.0f}%" for c in r.worker_cpu)
+        broker = "-" if r.broker_cpu is None else f"{r.broker_cpu:.0f}%"
+        print(
+            f"| {r.job} | {r.mode} | {r.records_per_s:,.0f} | {r.p50_ms:,.1f} ms | "
+            f"{r.p99_ms:,.1f} ms | {workers} | {broker} |"
+        )
+    print()
+    for job in JOBS:
+        by = {r.mode: r for r in results if r.job == job}
+        if "single" in by:
+            for mode in ("cluster-1", "cluster-2"):
+                if mode in by:
+                    ratio = by[mode].records_per_s / by["single"].records_per_s
+                    print(f"- {job}: {mode} / single: {ratio:.2f}x records/s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes)")
+    parser.add_argument("--records", type=int, help="backlog records (default 100,000)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="latency phase records/s")
+    parser.add_argument("--seconds", type=float, help="latency phase length (default 10)")
+    parser.add_argument("--only-mode", action="append", choices=list(MODES))
+    parser.add_argument("--only-job", action="append", choices=list(JOBS))
+    parser.add_argument("--partitions", type=int, default=32, help="cluster_partitions")
+    parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
+    parser.add_argument("--log-level", default="warning", help="of the runtime processes")
+    parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args()
+    if args.smoke:
+        args.records, args.seconds, args.rate, args.interval_ms = 1_000, 1.0, 300.0, 200
+    args.records = args.records or (50_000 if args.quick else 100_000)
+    args.seconds = args.seconds or (4.0 if args.quick else 10.0)
+    broker = KafkaBroker.external(args.bootstrap) if args.bootstrap else KafkaBroker()
+    if not args.bootstrap:
+        progress(f"starting a Kafka {kafka_version()} broker")
+    with broker, tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
+        bootstrap = broker.bootstrap_servers
+        backlog = f"backlog-{uuid.uuid4().hex[:6]}"
+        create_topics(bootstrap, backlog)
+        progress(f"producing the backlog: {args.records:,} records")
+        expect(feed(bootstrap, backlog, args.records, 0, "T").wait() == 0, "the backlog failed")
+        results = [
+            run(mode, job, bootstrap, backlog, broker.pid, args, Path(tmp))
+            for job in (args.only_job or list(JOBS))
+            for mode in (args.only_mode or list(MODES))
+        ]
+    if args.smoke:
+        smoke_banner()
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The changelog: a clustered job's durable state, per partition of its internal topics.
+
+Each checkpoint of a worker writes, in its transaction (``_exchange.WorkerTransactions``), for
+every partition it owns:
+
+* one record per address whose state changed since the previous checkpoint: key
+  ``<partition>:s:<key group>:<typename>\\x1f<id>``, value the address's values
+  (``state/_codec.py``'s encoding; empty bytes: the address has no state any more);
+* one *cut* record, key ``<partition>:c``: the partition's messages in flight at the cut
+  (per address in processing order) and its pending delayed messages (kept with the sender's
+  key group: a cancellation comes from the sender, which runs where its key group is).
+
+The topic is compacted, so it keeps the latest record of each key: the latest state of each
+address and the latest cut of each partition. A worker that is assigned a partition reads it
+from the beginning to its end (``read_committed``: the end is the last stable offset, so no
+record of an open transaction is taken) with ``restore_partitions``; the last record of each
+key wins. ``TrackedMemoryState`` is the memory backend that remembers which addresses changed
+(its ``put`` adds one set insertion; only clustered jobs use it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from statefun._kafka import import_kafka
+from statefun._keygroups import key_group_for
+from statefun.checkpoint._codec import (
+    decode_envelopes,
+    decode_timers,
+    encode_envelopes,
+    encode_timers,
+)
+from statefun.cluster._config import ClusterConfig
+from statefun.egress.kafka import Row
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._timers import DelayedEntry
+from statefun.state._codec import decode_values, encode_values
+from statefun.state.base import AddressKey, StateValues
+from statefun.state.memory import MemoryStateBackend
+
+__all__ = ["Restored", "TrackedMemoryState", "changelog_rows", "restore_partitions"]
+
+_SEPARATOR = "\x1f"
+
+
+class TrackedMemoryState(MemoryStateBackend):
+    """The memory backend, remembering the addresses written since ``take_changed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed: set[tuple[int, AddressKey]] = set()
+
+    def put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
+        super().put(key_group, key, values)
+        self._changed.add((key_group, key))
+
+    def restore_put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
+        """``put`` of a restored value: not a change to write to the changelog again."""
+        MemoryStateBackend.put(self, key_group, key, values)
+
+    def take_changed(self) -> set[tuple[int, AddressKey]]:
+        """The (key group, address) pairs written since the last call; forgets them."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def drop_key_groups(self, key_groups: Iterable[int]) -> None:
+        """Forget the state of ``key_groups`` (their partition went to another worker)."""
+        for key_group in key_groups:
+            for key, _ in self.items(key_group):
+                MemoryStateBackend.put(self, key_group, key, {})
+            self._changed = {c for c in self._changed if c[0] != key_group}
+
+
+def changelog_rows(
+    config: ClusterConfig,
+    state: TrackedMemoryState,
+    changed: Iterable[tuple[int, AddressKey]],
+    messages: Iterable[Envelope],
+    timers: Iterable[DelayedEntry],
+    partitions: Iterable[int],
+) -> list[Row]:
+    """The changelog records of one checkpoint's cut, for the partitions this worker owns:
+    the state of the addresses in ``changed`` as it is now, and each partition's cut."""
+    topic = config.changelog_topic
+    owned = set(partitions)
+    max_p = config.max_parallelism
+    rows: list[Row] = []
+    for key_group, (typename, id_) in changed:
+        partition = config.partition_of(key_group)
+        if partition not in owned:
+            continue
+        values = state.get(key_group, (typename, id_))
+        key = f"{partition}:s:{key_group}:{typename}{_SEPARATOR}{id_}"
+        rows.append((topic, key, encode_values(values) if values else b"", None))
+    in_flight: dict[int, list[Envelope]] = {p: [] for p in owned}
+    for envelope in messages:
+        partition = config.partition_of(key_group_for(envelope.typename, envelope.id, max_p))
+        if partition in in_flight:
+            in_flight[partition].append(envelope)
+    delayed: dict[int, list[DelayedEntry]] = {p: [] for p in owned}
+    for entry in timers:
+        partition = config.partition_of(key_group_for(*entry.sender, max_p))
+        if partition in delayed:
+            delayed[partition].append(entry)
+    for partition in sorted(owned):
+        value = msgpack.packb(
+            [encode_envelopes(in_flight[partition]), encode_timers(delayed[partition])],
+            use_bin_type=True,
+        )
+        rows.append((topic, f"{partition}:c", bytes(value), None))
+    return rows
+
+
+@dataclass
+class Restored:
+    """What the changelog holds for some partitions."""
+
+    #: (key group, address, values) of every address with state
+    state: list[tuple[int, AddressKey, dict[str, Any]]] = field(default_factory=list)
+    #: the cuts' messages in flight, per address in processing order
+    messages: list[Envelope] = field(default_factory=list)
+    #: the cuts' delayed messages: (deadline ms, sender, token, message)
+    timers: list[tuple[int, AddressKey, str, Envelope]] = field(default_factory=list)
+    records: int = 0
+
+
+def restore_partitions(
+    config: ClusterConfig, partitions: Iterable[int], timeout_s: float = 60.0
+) -> Restored:
+    """Read the changelog of ``partitions`` to its end (blocking: a worker thread)."""
+    kafka = import_kafka()
+    wanted = [kafka.TopicPartition(config.changelog_topic, p) for p in sorted(set(partitions))]
+    restored = Restored()
+    if not wanted:
+        return restored
+    reader = kafka.KafkaConsumer(
+        bootstrap_servers=config.bootstrap_servers,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id=f"pystatefun-{config.worker_id}-restore",
+    )
+    latest: dict[bytes, bytes] = {}
+    try:
+        reader.assign(wanted)
+        reader.seek_to_beginning(*wanted)
+        ends = reader.end_offsets(wanted)
+        deadline = time.monotonic() + timeout_s
+        while any(reader.position(tp) < ends[tp] for tp in wanted):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"cluster: the changelog {config.changelog_topic} was not read to its end "
+                    f"in {timeout_s:.0f} s"
+                )
+            for records in reader.poll(timeout_ms=200, max_records=10_000).values():
+                for record in records:
+                    restored.records += 1
+                    latest[record.key] = record.value
+    finally:
+        reader.close(autocommit=False)
+    for key, value in latest.items():
+        parts = key.decode("utf-8").split(":", 2)
+        kind = parts[1]
+        if kind == "s":
+            if not value:
+                continue
+            group, address = parts[2].split(":", 1)
+            typename, id_ = address.split(_SEPARATOR, 1)
+            restored.state.append((int(group), (typename, id_), decode_values(value)))
+        elif kind == "c":
+            messages, timers = msgpack.unpackb(value, raw=False)
+            restored.messages.extend(decode_envelopes(messages))
+            restored.timers.extend(decode_timers(timers))
+    return restored

@@ -1,0 +1,411 @@
+"""A worker of a clustered job: a ``Job`` per assignment of key groups, checkpointed into Kafka.
+
+``ClusterWorker.run`` makes or checks the job's topics, joins the group (``Membership``) and
+then lives from assignment to assignment. Each assignment is an *epoch*:
+
+1. ``Epoch.start``: a fresh ``WorkerTransactions`` (``init_transactions`` fences this worker's
+   previous incarnation and aborts the transaction it left open), a fresh ``Job`` whose state is
+   a ``TrackedMemoryState``, whose Kafka egresses hand their records to the transaction
+   (``ForwardingKafkaSink``) and whose only source is the exchange (``ExchangeSource``). The
+   router sends the key groups of partitions this worker does not own to ``Outbound``, which
+   writes each message to the exchange in the open transaction. The owned partitions are
+   restored from the changelog (state; the cut's messages through keyBy; delayed messages),
+   then the job runs.
+2. Every ``checkpoint_interval_ms``, ``Epoch.checkpoint`` cuts - synchronously, as the local
+   coordinator does - the changed state, messages in flight and delayed messages into changelog
+   records, seals the transaction with the exchange offsets routed so far and the group's
+   metadata, and commits it: one Kafka transaction is the checkpoint.
+3. When the group revokes the partitions, the epoch checkpoints once more and is dropped whole
+   (``Job.abandon``: what ran after that cut is replayed by the next owner from it), and the
+   transaction still open (after the cut) is aborted.
+
+A rebalance therefore restarts the worker's job from Kafka even for partitions it keeps (the
+eager protocol revokes every partition); simple and always consistent, at the price of a
+restore per rebalance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from statefun._exceptions import JobFailedError
+from statefun._kafka import import_kafka
+from statefun._settings import Settings
+from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._config import ClusterConfig
+from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._ingress import ClusteredKafkaSource
+from statefun.cluster._membership import ExchangeSource, Membership, Partitions
+from statefun.cluster._topics import ensure_topics
+from statefun.egress.base import Sink
+from statefun.egress.kafka import KafkaSink
+from statefun.egress.stdout import StdoutSink
+from statefun.module._specs import (
+    KafkaEgressSpec,
+    KafkaIngressSpec,
+    ModuleSpec,
+    StdoutEgressSpec,
+)
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import RemoteFunction
+from statefun.runtime._job import Job
+
+__all__ = ["ClusterWorker"]
+
+log = logging.getLogger(__name__)
+
+#: how often idleness is checked (and the egresses' rows handed to the transaction)
+_TICK_S = 0.05
+#: how long a stopping worker waits for its consumer's thread to leave its poll
+_STOP_POLLING_S = 10.0
+
+
+class ForwardingKafkaSink(KafkaSink):
+    """A Kafka egress whose records go into the worker's transaction (exactly-once whatever
+    its ``deliverySemantic``: they commit with the checkpoint)."""
+
+    def __init__(self, spec: KafkaEgressSpec, transactions: WorkerTransactions) -> None:
+        super().__init__(spec.id, spec.address, "at-least-once", properties=spec.properties)
+        self.transactional = False  # flushed by the job's loop into the transaction
+        self._transactions = transactions
+
+    async def start(self) -> None:
+        pass
+
+    def forward(self) -> None:
+        if self._buffer:
+            rows, self._buffer = self._buffer, []
+            self._transactions.write_rows(rows)
+
+    async def flush(self) -> None:
+        self.forward()
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class Outbound:
+    """The router's subtask for key groups other workers own: to the exchange.
+
+    A message sent here has left this worker, so it leaves the in-flight counts the router
+    added - in the next loop step, not inside ``offer``: ``Router.emit_many`` keeps the counts
+    in locals while it routes and writes them back after, so a release inside ``offer`` would
+    be lost (and the sources' gate would stay shut)."""
+
+    def __init__(self, job: Job, config: ClusterConfig, transactions: Any) -> None:
+        self._job = job
+        self._config = config
+        self._transactions = transactions
+        self._remote: dict[str, bool] = {}
+        self._owed = [0, 0]  # messages left, not released yet: embedded, remote
+        self.sent = 0
+
+    def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None:
+        self._transactions.write_rows([exchange_row(self._config, key_group, envelope)])
+        self.sent += 1
+        remote = self._remote.get(envelope.typename)
+        if remote is None:
+            function = self._job.functions.resolve(envelope.typename)
+            remote = self._remote[envelope.typename] = isinstance(function, RemoteFunction)
+        owed = self._owed
+        if owed[0] == owed[1] == 0:
+            asyncio.get_running_loop().call_soon(self._release)
+        owed[remote] += 1
+
+    def _release(self) -> None:
+        embedded, remote = self._owed
+        self._owed = [0, 0]
+        if remote:
+            self._job.release_remote(remote)
+        if embedded:
+            self._job.release(embedded)
+
+
+class Epoch:
+    """The job of one assignment of partitions (see the module docstring)."""
+
+    def __init__(
+        self,
+        module: ModuleSpec,
+        settings: Settings,
+        config: ClusterConfig,
+        membership: Membership,
+        partitions: Partitions,
+        input_partitions: list[tuple[str, int]],
+    ) -> None:
+        self.module = module
+        self.settings = settings
+        self.config = config
+        self.membership = membership
+        self.partitions = list(partitions)
+        self.input_partitions = set(input_partitions)
+        self.ingresses: list[ClusteredKafkaSource] = []
+        self._by_topic: dict[str, ClusteredKafkaSource] = {}
+        self.transactions = WorkerTransactions(config)
+        self.state = TrackedMemoryState()
+        self._lock = asyncio.Lock()
+        self._checkpoint_id = 0
+        self._last_offsets: dict[tuple[str, int], int] = {}
+        self._last_cut_empty = False
+        self.job: Job | None = None
+        self.source: ExchangeSource | None = None
+        self._forwarders: list[ForwardingKafkaSink] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.committed = 0
+
+    async def start(self) -> None:
+        await self.transactions.start()
+        sinks: list[Sink] = []
+        for egress in self.module.egresses:
+            if isinstance(egress, KafkaEgressSpec):
+                forwarder = ForwardingKafkaSink(egress, self.transactions)
+                self._forwarders.append(forwarder)
+                sinks.append(forwarder)
+            elif isinstance(egress, StdoutEgressSpec):
+                sinks.append(StdoutSink(egress.id))
+        self.job = job = Job(self.module, self.settings, sinks=sinks, state=self.state)
+        self.source = ExchangeSource(job.send)
+        for ingress in self.module.ingresses:
+            if isinstance(ingress, KafkaIngressSpec):
+                source = ClusteredKafkaSource(ingress)
+                self.ingresses.append(source)
+                self._by_topic.update(dict.fromkeys(source.topics, source))
+        job.sources = [self.source, *self.ingresses]
+        starts = self.membership.start_positions
+        exchange = self.config.exchange_topic
+        self.source.positions.update(
+            (p, starts[(exchange, p)]) for p in self.partitions if (exchange, p) in starts
+        )
+        for source in self.ingresses:
+            source.start_at(starts)
+        owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
+        others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
+        job.router.reroute(others, Outbound(job, self.config, self.transactions))
+        restored = await asyncio.to_thread(restore_partitions, self.config, self.partitions)
+        for key_group, key, values in restored.state:
+            self.state.restore_put(key_group, key, values)
+        for envelope in restored.messages:
+            job.send(envelope)
+        for deadline, sender, token, envelope in restored.timers:
+            job.timers.add(deadline, envelope, sender, token)
+        log.info(
+            "cluster: %d partition(s) restored from %d changelog record(s): %d address(es) "
+            "with state, %d message(s) in flight, %d delayed",
+            len(self.partitions),
+            restored.records,
+            len(restored.state),
+            len(restored.messages),
+            len(restored.timers),
+        )
+        self._last_cut_empty = not restored.messages and not restored.timers
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
+
+    async def deliver(self, records: list[Any]) -> None:
+        """A poll's records: the exchange's to keyBy, the inputs' to their ingress."""
+        assert self.source is not None
+        exchange = self.config.exchange_topic
+        if all(record.topic == exchange for record in records):
+            await self.source.queue.put(records)
+            return
+        split: dict[Any, list[Any]] = {}
+        for record in records:
+            target = self.source if record.topic == exchange else self._by_topic[record.topic]
+            split.setdefault(target, []).append(record)
+        for target, part in split.items():
+            await target.queue.put(part)
+
+    def _positions(self) -> dict[tuple[str, int], int]:
+        """Every partition this epoch consumed: the offset after the last record routed."""
+        assert self.source is not None
+        exchange = self.config.exchange_topic
+        positions = {
+            (exchange, p): o for p, o in self.source.positions.items() if p in self.partitions
+        }
+        for ingress in self.ingresses:
+            for key, offset in ingress.positions().items():
+                if key in self.input_partitions:
+                    positions[key] = offset
+        return positions
+
+    async def _checkpoints(self) -> None:
+        """Every ``checkpoint_interval_ms``; sooner when the job has nothing in flight while
+        rows wait for a commit (``idle_checkpoint_delay_ms`` after the last checkpoint, and no
+        sooner than 9x the CPU time it took, as the single-process job does).
+
+        Rows are produced at the cut, not as they come: a transaction is open only while its
+        checkpoint commits, so a worker that dies or stops seldom leaves one open, and an open
+        one holds back every ``read_committed`` reader of the partitions it wrote to until
+        the broker aborts it (``cluster_transaction_timeout_ms``, checked by the broker every
+        ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default)."""
+        job = self.job
+        assert job is not None
+        loop = asyncio.get_running_loop()
+        interval = self.settings.checkpoint_interval_ms / 1000
+        idle = self.settings.idle_checkpoint_delay_ms / 1000
+        next_at, ended, cpu = loop.time() + interval, loop.time(), 0.0
+        while True:
+            await asyncio.sleep(_TICK_S)
+            for forwarder in self._forwarders:
+                forwarder.forward()
+            now = loop.time()
+            early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
+            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)):
+                continue
+            next_at = now + interval
+            started = time.process_time()
+            await self.checkpoint()
+            ended, cpu = loop.time(), time.process_time() - started
+
+    async def checkpoint(self) -> bool:
+        """Cut, seal and commit one checkpoint; False: nothing happened since the last one."""
+        job, source = self.job, self.source
+        assert job is not None and source is not None
+        async with self._lock:
+            if job.failed:
+                raise JobFailedError("the job failed: no checkpoint is taken after a failure")
+            for forwarder in self._forwarders:
+                forwarder.forward()
+            changed = self.state.take_changed()
+            messages = job.messages_in_flight()
+            timers = list(job.timers.pending())
+            positions = self._positions()
+            empty_cut = not messages and not timers
+            if (
+                not changed
+                and not self.transactions.unsealed()
+                and positions == self._last_offsets
+                and empty_cut
+                and self._last_cut_empty
+            ):
+                return False
+            rows = changelog_rows(
+                self.config, self.state, changed, messages, timers, self.partitions
+            )
+            self.transactions.write_rows(rows)
+            kafka = import_kafka()
+            offsets = {
+                kafka.TopicPartition(t, p): kafka.structs.OffsetAndMetadata(o, "", -1)
+                for (t, p), o in positions.items()
+            }
+            self._checkpoint_id += 1
+            checkpoint_id = self._checkpoint_id
+            if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
+                await self.transactions.commit(checkpoint_id)
+                self.committed += 1
+            self._last_offsets = positions
+            self._last_cut_empty = empty_cut
+            return True
+
+    async def stop(self, checkpoint: bool) -> None:
+        """Checkpoint (when asked and the job is sound), then drop the job."""
+        job = self.job
+        try:
+            if checkpoint and job is not None and not job.failed:
+                await self.checkpoint()
+        finally:
+            if job is not None:
+                job.abandon()
+            for task in self._tasks[1:]:  # the checkpoints; the job ends by itself
+                task.cancel()
+            results = await asyncio.gather(*self._tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, JobFailedError):
+                    log.warning("cluster: %s", result)
+            await self.transactions.close()  # aborts what was written after the cut
+
+    def failure(self) -> BaseException | None:
+        """Why the epoch stopped on its own (its job or its checkpoints failed), if it did."""
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
+
+
+class ClusterWorker:
+    """One worker process of a clustered job."""
+
+    def __init__(self, module: ModuleSpec, settings: Settings, config: ClusterConfig) -> None:
+        self.module = module
+        # the job inside keeps no local checkpoints and serves no admin port of its own
+        self.settings = dataclasses.replace(settings, checkpoint_dir="", admin_port=0)
+        self.config = config
+        self.epoch: Epoch | None = None
+        self.membership: Membership | None = None
+        self._stopping = asyncio.Event()
+        self._failure: BaseException | None = None
+        self.epochs = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await asyncio.to_thread(ensure_topics, self.config)
+        loop = asyncio.get_running_loop()
+        inputs = {
+            topic.topic: ingress.startup_position
+            for ingress in self.module.ingresses
+            if isinstance(ingress, KafkaIngressSpec)
+            for topic in ingress.topics
+        }
+        self.membership = membership = Membership(
+            self.config, loop, self._assigned, self._revoked, self._deliver, inputs
+        )
+        membership.start()
+        log.info(
+            "cluster: worker %s joined job %s (group %s)",
+            self.config.worker_id,
+            self.config.job_id,
+            self.config.group_id,
+        )
+        watch = loop.create_task(self._watch())
+        stopped = loop.create_task(self._stopping.wait())
+        ended: list[asyncio.Future[Any]] = [membership.stopped, stopped, watch]
+        try:
+            await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            membership.stop_polling()
+            for task in (watch, stopped):
+                task.cancel()
+            with contextlib.suppress(BaseException):  # (a poll stuck in delivery: go on)
+                await asyncio.wait_for(asyncio.shield(membership.stopped), _STOP_POLLING_S)
+            if self.epoch is not None:
+                epoch, self.epoch = self.epoch, None
+                await epoch.stop(checkpoint=self._failure is None)
+            await asyncio.to_thread(membership.close)
+        if self._failure is not None:
+            raise JobFailedError(f"the worker failed: {self._failure}") from self._failure
+        if membership.stopped.done() and membership.stopped.exception() is not None:
+            raise JobFailedError(f"the worker's consumer failed: {membership.stopped.exception()}")
+
+    async def _watch(self) -> None:
+        """End the worker when its epoch fails (a commit refused, a job failure)."""
+        while True:
+            await asyncio.sleep(0.1)
+            epoch = self.epoch
+            failure = epoch.failure() if epoch is not None else None
+            if failure is not None:
+                log.error("cluster: the worker stops: %s", failure)
+                self._failure = failure
+                return
+
+    async def _assigned(self, partitions: Partitions, inputs: list[tuple[str, int]]) -> None:
+        assert self.membership is not None
+        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions, inputs)
+        await epoch.start()
+        self.epoch = epoch
+        self.epochs += 1
+
+    async def _revoked(self, partitions: Partitions) -> None:
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            await epoch.stop(checkpoint=True)
+
+    async def _deliver(self, records: list[Any]) -> None:
+        if self.epoch is not None:
+            await self.epoch.deliver(records)

@@ -1,0 +1,127 @@
+"""The changelog on a real broker: what committed checkpoints wrote comes back, the latest
+record of each address and each partition's latest cut; an aborted checkpoint's records and
+other partitions' do not."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from statefun._keygroups import key_group_for
+from statefun._settings import Settings
+from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
+from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._exchange import WorkerTransactions
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._timers import DelayedEntry
+from statefun.sdk._types import TypedValue
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
+FN = "example/counter"
+
+
+@pytest.fixture
+def config(bootstrap: str) -> ClusterConfig:
+    settings = Settings.load(
+        {
+            "cluster.bootstrap_servers": bootstrap,
+            "cluster.job_id": f"changelog-{uuid.uuid4().hex[:8]}",
+            "cluster.worker_id": "w0",
+            "cluster.partitions": "4",
+            "max_parallelism": "8",
+        },
+        environ={},
+    )
+    made = cluster_config(settings)
+    assert made is not None
+    ensure_topics(made)
+    return made
+
+
+def _int(n: int) -> TypedValue:
+    return TypedValue("io.statefun.types/int", bytes([8, n]))
+
+
+def _kg(id_: str, config: ClusterConfig) -> int:
+    return key_group_for(FN, id_, config.max_parallelism)
+
+
+def test_committed_checkpoints_come_back_aborted_ones_do_not(config: ClusterConfig) -> None:
+    ids = [f"k{i}" for i in range(12)]
+    partitions = list(range(config.partitions))
+    state = TrackedMemoryState()
+    message = Envelope(FN, "k1", _int(7), None)
+    timer = DelayedEntry(1_000, 0, Envelope(FN, "k2", _int(9), None), (FN, "k3"), "t")
+
+    async def scenario() -> None:
+        tx = WorkerTransactions(config)
+        await tx.start()
+        try:
+            for id_ in ids:
+                state.put(_kg(id_, config), (FN, id_), {"n": _int(1)})
+            rows = changelog_rows(
+                config, state, state.take_changed(), [message], [timer], partitions
+            )
+            tx.write_rows(rows)
+            assert tx.seal(1, {}, None)
+            await tx.commit(1)
+            # checkpoint 2: k0 changes, k1 loses its state, the cut is empty
+            state.put(_kg("k0", config), (FN, "k0"), {"n": _int(2)})
+            state.put(_kg("k1", config), (FN, "k1"), {})
+            rows = changelog_rows(config, state, state.take_changed(), [], [], partitions)
+            assert len(rows) == 2 + config.partitions
+            tx.write_rows(rows)
+            assert tx.seal(2, {}, None)
+            await tx.commit(2)
+            # checkpoint 3 never commits
+            state.put(_kg("k0", config), (FN, "k0"), {"n": _int(3)})
+            tx.write_rows(
+                changelog_rows(config, state, state.take_changed(), [message], [], partitions)
+            )
+            await tx.flush()
+        finally:
+            await tx.close()  # aborts checkpoint 3's transaction
+
+    asyncio.run(scenario())
+    restored = restore_partitions(config, partitions)
+    got = {key: values["n"].value for _, key, values in restored.state}
+    assert got == {(FN, id_): bytes([8, 2 if id_ == "k0" else 1]) for id_ in ids if id_ != "k1"}
+    assert all(kg == _kg(key[1], config) for kg, key, _ in restored.state)
+    assert restored.messages == [] and restored.timers == []
+
+    # only the partitions asked for
+    one = config.partition_of(_kg("k0", config))
+    only = restore_partitions(config, [one])
+    assert {key for _, key, _ in only.state} == {
+        (FN, id_) for id_ in ids if id_ != "k1" and config.partition_of(_kg(id_, config)) == one
+    }
+
+
+def test_the_cut_keeps_messages_and_timers_by_partition(config: ClusterConfig) -> None:
+    state = TrackedMemoryState()
+    messages = [Envelope(FN, "k1", _int(n), None) for n in range(3)]
+    timer = DelayedEntry(1_000, 0, Envelope(FN, "k2", _int(9), None), (FN, "k3"), "tok")
+    partitions = list(range(config.partitions))
+
+    async def scenario() -> None:
+        tx = WorkerTransactions(config)
+        await tx.start()
+        try:
+            tx.write_rows(changelog_rows(config, state, set(), messages, [timer], partitions))
+            assert tx.seal(1, {}, None)
+            await tx.commit(1)
+        finally:
+            await tx.close()
+
+    asyncio.run(scenario())
+    restored = restore_partitions(config, partitions)
+    assert [(m.id, m.value.value) for m in restored.messages] == [
+        ("k1", bytes([8, n])) for n in range(3)
+    ]
+    assert [(d, s, t, e.id) for d, s, t, e in restored.timers] == [(1_000, (FN, "k3"), "tok", "k2")]
+    sender_partition = config.partition_of(_kg("k3", config))
+    others = [p for p in partitions if p != sender_partition]
+    assert restore_partitions(config, others).timers == []
+    assert restore_partitions(config, [sender_partition]).timers != []
