@@ -26,6 +26,7 @@ See docs/kafka.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -517,6 +518,21 @@ class KafkaSource(Source):
             self._executor.shutdown(wait=False)
 
     # -- checkpoints ------------------------------------------------------------------------------
+
+    def partition_offsets(self) -> dict[str, tuple[int, int | None]]:
+        """Per partition ("topic:partition"): the next offset to read, and how many records
+        lie behind it up to the partition's end as last fetched (None: not known yet).
+        Reads what the consumer already knows; asks the broker nothing (metrics)."""
+        consumer = self._consumer
+        offsets: dict[str, tuple[int, int | None]] = {}
+        for (topic, partition), offset in list(self._positions.items()):
+            end = None
+            if consumer is not None:
+                with contextlib.suppress(Exception):  # (a consumer being closed)
+                    end = consumer.highwater(import_kafka().TopicPartition(topic, partition))
+            behind = None if end is None else max(0, end - offset)
+            offsets[f"{topic}:{partition}"] = (offset, behind)
+        return offsets
 
     def snapshot_position(self) -> dict[str, int]:
         snapshot = {f"{t}:{p}": o for (t, p), o in self._positions.items()}

@@ -231,7 +231,9 @@ class Settings:
     )
     admin_port: int = field(
         default=0,
-        metadata=_doc("port of the admin HTTP server on 127.0.0.1 (savepoints, status); 0: off"),
+        metadata=_doc(
+            "port of the admin HTTP server on admin_host (status, metrics, savepoints); 0: off"
+        ),
     )
     http_idempotency_retention_s: int = field(
         default=86_400,
@@ -325,6 +327,39 @@ class Settings:
             "then at most one line per this interval with the count and the last error"
         ),
     )
+    metrics: bool = field(
+        default=True,
+        metadata=_doc(
+            "serve GET /metrics (Prometheus text) on the admin port and time one in 16 embedded "
+            "invocations; false: no /metrics, no timing, no event-loop lag probe"
+        ),
+    )
+    admin_host: str = field(
+        default="127.0.0.1",
+        metadata=_doc(
+            "interface the admin server binds; one beyond loopback needs admin_token (or "
+            "admin_insecure)"
+        ),
+    )
+    admin_token: str = field(
+        default="",
+        repr=False,
+        metadata=_doc(
+            "a bearer token every admin request must carry (Authorization: Bearer <token>; "
+            "401 otherwise); the statefun commands that call the admin port send it; never logged"
+        ),
+    )
+    admin_insecure: bool = field(
+        default=False,
+        metadata=_doc(
+            "let the admin server bind beyond loopback without admin_token "
+            "(statefun run --insecure-admin)"
+        ),
+    )
+    progress_interval_ms: int = field(
+        default=10_000,
+        metadata=_doc("statefun run: one progress line to stderr per this interval"),
+    )
 
     cluster_bootstrap_servers: str = field(
         default="",
@@ -376,6 +411,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_values(self)
+        _check_admin(self)
         if self.parallelism < 1:
             raise ConfigurationError(f"parallelism must be at least 1, got {self.parallelism}")
         if self.max_parallelism < self.parallelism:
@@ -508,6 +544,7 @@ _LOWER_BOUNDS: dict[str, int] = {
     "cluster_session_timeout_ms": 1,
     "cluster_heartbeat_interval_ms": 1,
     "cluster_transaction_timeout_ms": 1,
+    "progress_interval_ms": 100,
 }
 
 #: text settings that must not be empty (a file or folder that is always used)
@@ -549,6 +586,25 @@ def _check_values(settings: Settings) -> None:
         raise ConfigurationError(
             f"remote_retry_max_backoff_ms ({settings.remote_retry_max_backoff_ms}) must be at "
             f"least remote_retry_initial_backoff_ms ({settings.remote_retry_initial_backoff_ms})"
+        )
+
+
+def _check_admin(settings: Settings) -> None:
+    """The admin server beyond loopback needs a token, unless told it need not."""
+    from statefun._http.defences import is_loopback
+
+    token = settings.admin_token
+    if token and not all(33 <= ord(c) <= 126 for c in token):
+        raise ConfigurationError("admin_token must be visible ASCII without spaces")
+    if (
+        settings.admin_port
+        and not is_loopback(settings.admin_host)
+        and not token
+        and not settings.admin_insecure
+    ):
+        raise ConfigurationError(
+            f"admin_host {settings.admin_host} is beyond this machine and admin_token is not "
+            "set: set admin_token, or allow it with --insecure-admin (setting admin_insecure)"
         )
 
 

@@ -50,6 +50,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ from statefun.checkpoint.storage import (
 )
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import RemoteFunction
+from statefun.runtime._stats import LATENCY_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from statefun._settings import Settings
@@ -109,6 +111,9 @@ class CheckpointedJob(Protocol):
 __all__ = ["CheckpointCoordinator", "CheckpointedJob", "SimulatedCrash", "restore"]
 
 log = logging.getLogger(__name__)
+
+#: completed checkpoints whose figures are kept (``history``: /status)
+HISTORY = 50
 
 
 class SimulatedCrash(BaseException):
@@ -160,6 +165,16 @@ class CheckpointCoordinator:
         #: CPU time the last checkpoint took: its cut, and writing its files (worker thread)
         self.last_cpu_ms = 0.0
         self._pruning: asyncio.Task[None] | None = None  # deleting old checkpoints
+        #: the last completed checkpoints: id, duration_ms, bytes, completed_at (epoch s)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        #: seconds each checkpoint took, cut to commit (metrics)
+        self.durations = Histogram(LATENCY_BUCKETS)
+        #: bytes of the files checkpoints wrote, in all
+        self.bytes_written = 0
+        #: per egress id, seconds its commits took (metrics)
+        self.commit_seconds: dict[str, Histogram] = {}
+        #: wall-clock time (epoch seconds) the last checkpoint completed; 0: none yet
+        self.last_completed_at = 0.0
         #: fsyncs that run beside the state's (threads are made on first use)
         self._io = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-io")
 
@@ -248,7 +263,12 @@ class CheckpointCoordinator:
             self._step("completed", checkpoint_id)
             # 4. Commit.
             for egress_id in cut.sinks:
+                began = time.perf_counter()
                 await self.job.sinks[egress_id].commit(checkpoint_id)
+                commits = self.commit_seconds.get(egress_id)
+                if commits is None:
+                    commits = self.commit_seconds[egress_id] = Histogram(LATENCY_BUCKETS)
+                commits.observe(time.perf_counter() - began)
                 self._step("sink-committed", checkpoint_id)
             if not savepoint:
                 for source in self.job.sources:
@@ -264,6 +284,7 @@ class CheckpointCoordinator:
             self.last_duration_ms = (time.perf_counter() - cut.started) * 1000
             self.last_cpu_ms = cut.stall_ms + write_cpu_ms
             self._ended = asyncio.get_running_loop().time()
+            self._record(completed)
             log.debug(
                 "checkpoint %d complete in %.1f ms (cut %.2f ms, CPU %.1f ms, %d messages, "
                 "%d timers)",
@@ -277,6 +298,23 @@ class CheckpointCoordinator:
             if savepoint:
                 log.info("savepoint %d written to %s", checkpoint_id, completed.path)
             return completed
+
+    def _record(self, completed: CompletedCheckpoint) -> None:
+        """Keep the figures of a completed checkpoint (``history``, the metrics)."""
+        files = completed.metadata.get("files", {})
+        size = sum(int(entry[0]) for entry in files.values())
+        self.bytes_written += size
+        self.durations.observe(self.last_duration_ms / 1000)
+        self.last_completed_at = time.time()
+        self.history.append(
+            {
+                "id": completed.id,
+                "duration_ms": round(self.last_duration_ms, 2),
+                "bytes": size,
+                "completed_at": round(self.last_completed_at, 3),
+                "savepoint": completed.is_savepoint,
+            }
+        )
 
     def _cut(self, checkpoint_id: int) -> Cut:
         started = time.perf_counter()

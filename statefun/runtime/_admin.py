@@ -1,7 +1,9 @@
-"""The admin HTTP server of a running job (127.0.0.1 only): status and savepoints.
+"""The admin HTTP server of a running job: status, metrics and savepoints.
 
 * ``GET /status``: JSON with messages in flight, invocations, checkpoints (how many, the last
-  one's duration and CPU time, the longest stall).
+  one's duration and CPU time, the longest stall), and per part (``_status.py``): functions,
+  ingresses, egresses, remote endpoints, the last checkpoints, dead letters.
+* ``GET /metrics``: Prometheus text (``_metrics.py``; 404 with the setting ``metrics`` off).
 * ``POST /savepoints``: take a savepoint now; JSON ``{"id": ..., "path": ...}``.
 
 It runs on the built-in HTTP server (``statefun._http.server``), with its defences (request
@@ -10,6 +12,10 @@ web page in a browser could send it: a request with an ``Origin`` other than the
 (403) and a POST with a body that is not ``application/json`` (415; a POST without a body, as
 ``statefun savepoint create`` sends, is fine). Savepoints are rate-limited: one at a time and
 at most one per ``admin_savepoint_min_interval_ms`` (429 with ``Retry-After``).
+
+It binds ``admin_host`` (127.0.0.1 by default). With ``admin_token`` set, every request must
+carry ``Authorization: Bearer <token>`` (the built-in server checks it, in constant time);
+binding beyond loopback without one is refused by the settings unless ``admin_insecure``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from statefun._exceptions import UnavailableError
 from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun._oserrors import listen_error
+from statefun.runtime._status import ObservedJob, status_details
 
 if TYPE_CHECKING:
     from statefun._settings import Settings
@@ -35,10 +42,10 @@ __all__ = ["AdminJob", "AdminServer"]
 
 log = logging.getLogger(__name__)
 
-_ROUTES = {"/status": "GET", "/savepoints": "POST"}
+_ROUTES = {"/status": "GET", "/savepoints": "POST", "/metrics": "GET"}
 
 
-class AdminJob(Protocol):
+class AdminJob(ObservedJob, Protocol):
     """What the admin server needs of the job (``runtime/_job.py``'s ``Job``)."""
 
     @property
@@ -49,6 +56,15 @@ class AdminJob(Protocol):
         """Messages in flight (all, to remote functions), invocations, delayed messages,
         dead letters, dispatcher subtasks."""
         ...
+
+
+def _job_metrics(job: AdminJob) -> Any:
+    from statefun.runtime._metrics import JobMetrics  # (prometheus_client: only when on)
+
+    return JobMetrics(job)
+
+
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class AdminServer:
@@ -64,7 +80,8 @@ class AdminServer:
         self._last_savepoint = -math.inf  # monotonic time the last savepoint started
         settings = job.settings
         self._min_interval = settings.admin_savepoint_min_interval_ms / 1000
-        self._options = ServerOptions.from_settings(settings)
+        self._options = ServerOptions.from_settings(settings, token=settings.admin_token or None)
+        self.metrics = _job_metrics(job) if settings.metrics else None
 
     async def start(self) -> None:
         self._server = HttpServer(self, options=self._options, name="admin server")
@@ -75,7 +92,10 @@ class AdminServer:
                 f"admin server: {listen_error(self.host, self.port, exc)}"
             ) from exc
         log.info(
-            "admin server on http://%s:%d (GET /status, POST /savepoints)", self.host, self.port
+            "admin server on http://%s:%d (GET /status, GET /metrics, POST /savepoints)%s",
+            self.host,
+            self.port,
+            " (bearer token required)" if self._options.token else "",
         )
 
     async def close(self) -> None:
@@ -97,6 +117,7 @@ class AdminServer:
                 "last_cpu_ms": round(checkpoints.last_cpu_ms, 2),
                 "max_stall_ms": round(checkpoints.max_stall_ms, 3),
             },
+            **status_details(job),
         }
 
     # -- the built-in server's Application --------------------------------------------------
@@ -135,6 +156,10 @@ class AdminServer:
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         if request.path == "/status":
             return Reply(200, "application/json", json.dumps(self.status()).encode())
+        if request.path == "/metrics":
+            if self.metrics is None:
+                return plain(404, "metrics are off (setting metrics)")
+            return Reply(200, _METRICS_TYPE, self.metrics.exposition())
         return self._savepoint()
 
     async def _savepoint(self) -> Reply:

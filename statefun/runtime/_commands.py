@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ __all__ = [
     "add_run_arguments",
     "add_savepoint_arguments",
     "add_send_arguments",
+    "admin_request",
     "plan",
     "run",
     "savepoint",
@@ -107,6 +109,34 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "default: one process without Kafka",
     )
 
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        action="store_true",
+        help="print a progress line to stderr every progress_interval_ms (10 s), even when "
+        "stderr is not a terminal (on a terminal it is printed anyway)",
+    )
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line, and log warnings and errors only (unless --log-level says)",
+    )
+    parser.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        help="let the admin server listen beyond loopback (admin_host) without admin_token",
+    )
+
+
+def admin_request(url: str, method: str = "GET") -> urllib.request.Request:
+    """A request to a job's admin server, carrying the bearer token of the setting
+    ``admin_token`` (``PYSTATEFUN_ADMIN_TOKEN``) when it is set."""
+    request = urllib.request.Request(url, method=method)
+    token = os.environ.get("PYSTATEFUN_ADMIN_TOKEN", "").strip()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    return request
+
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     _module_arguments(parser, "to plan")
@@ -125,6 +155,8 @@ def _load(args: argparse.Namespace) -> tuple[ModuleSpec, Settings]:
     overrides = _settings_overrides(args.settings)
     if args.parallelism is not None:
         overrides["parallelism"] = str(args.parallelism)
+    if getattr(args, "insecure_admin", False):
+        overrides["admin_insecure"] = "true"
     settings = Settings.load(overrides)
     module = load_module(*[Path(m) for m in args.modules])
     return module, settings
@@ -170,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
             pairs.append(f"parallelism={args.parallelism}")
         return supervise(module, settings, args.modules, pairs, args.workers)
     _check_folders(settings)
+    if args.quiet and not hasattr(args, "log_level"):
+        logging.getLogger().setLevel(logging.WARNING)
+    progress = not args.quiet and (args.progress or sys.stderr.isatty())
     log.info(
         "module: %d endpoint(s), %d ingress(es), %d egress(es) from %s",
         len(module.endpoints),
@@ -199,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         job.allow_dropping_state = args.allow_dropping_state
         restarts.started()
         try:
-            asyncio.run(_run_until_signalled(job))
+            asyncio.run(_run_until_signalled(job, progress))
             return 0
         except JobFailedError as exc:
             log.error("%s", exc)
@@ -216,7 +251,22 @@ def run(args: argparse.Namespace) -> int:
         from_savepoint = None  # restarts resume from the latest checkpoint
 
 
-async def _run_until_signalled(job: Any) -> None:
+async def _print_progress(job: Any) -> None:
+    """One progress line to stderr per ``progress_interval_ms`` (the CLI's output for people,
+    not logging)."""
+    from statefun.runtime import _progress
+
+    interval = job.settings.progress_interval_ms / 1000
+    before = _progress.take(job)
+    while True:
+        await asyncio.sleep(interval)
+        now = _progress.take(job)
+        sys.stderr.write(f"statefun: {_progress.line(before, now)}\n")
+        sys.stderr.flush()
+        before = now
+
+
+async def _run_until_signalled(job: Any, progress: bool = False) -> None:
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -234,7 +284,12 @@ async def _run_until_signalled(job: Any) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
-    await job.run()
+    printer = loop.create_task(_print_progress(job)) if progress else None
+    try:
+        await job.run()
+    finally:
+        if printer is not None:
+            printer.cancel()
 
 
 # -- savepoints ----------------------------------------------------------------------------
@@ -246,7 +301,8 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument(
         "--admin-url",
         default="http://127.0.0.1:8091",
-        help="the job's admin server (setting admin_port; default: %(default)s)",
+        help="the job's admin server (setting admin_port; default: %(default)s); the bearer "
+        "token of PYSTATEFUN_ADMIN_TOKEN is sent when set",
     )
     listing = actions.add_parser(
         "list", help="list the savepoints and checkpoints in a folder and its subfolders"
@@ -269,7 +325,7 @@ def savepoint(args: argparse.Namespace) -> int:
 
     if args.action == "create":
         _check_http_url("--admin-url", args.admin_url)
-        request = urllib.request.Request(f"{args.admin_url.rstrip('/')}/savepoints", method="POST")
+        request = admin_request(f"{args.admin_url.rstrip('/')}/savepoints", "POST")
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
                 answer = json.loads(response.read())

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +45,7 @@ from statefun._exceptions import (
     InvalidValueError,
     MalformedResponseError,
     MessageValueError,
+    RetryableFunctionError,
     StateTypeMismatchError,
     StateWriteRejectedError,
     TerminalFunctionError,
@@ -57,6 +59,7 @@ from statefun.runtime._functions import (
     StateSpec,
 )
 from statefun.runtime._remote import decode_from_function, encode_to_function, invocation
+from statefun.runtime._stats import FunctionStats
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
@@ -182,7 +185,12 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._addresses: dict[AddressKey, SdkAddress] = {}
-        self.invocations = 0
+        #: per function type, the longest mailbox one of its addresses had (metrics)
+        self.mailbox_max: dict[str, int] = {}
+        #: remote batches waiting for one of the job's connection slots (metrics)
+        self.waiting_for_slot = 0
+        #: synchronous embedded invocations: one in (this + 1) is timed (-1, metrics off: none)
+        self._sample_mask = FunctionStats.EMBEDDED_SAMPLE - 1 if job.settings.metrics else -1
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -300,6 +308,8 @@ class Dispatcher:
         self, key: AddressKey, mailbox: deque[Envelope], envelope: Envelope
     ) -> None:
         mailbox.append(envelope)
+        if len(mailbox) > self.mailbox_max.get(key[0], 0):
+            self.mailbox_max[key[0]] = len(mailbox)
         limit = self._encode_ahead.get(key)
         if limit is not None:
             envelope.wire = invocation(envelope)
@@ -333,6 +343,7 @@ class Dispatcher:
         """The function raised: nothing of the invocation is applied; the policy decides (a
         value that fails its own type is the sender's error: a dead letter)."""
         kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
+        function.stats.failures_terminal += 1
         self.job.on_failure(
             function.typename,
             [envelope],
@@ -353,7 +364,12 @@ class Dispatcher:
         now: int,
     ) -> None:
         """State, then messages (feedback), delayed messages and egress, in one step."""
-        self.invocations += 1
+        stats = function.stats
+        stats.invocations += 1
+        if context.messages:
+            stats.messages_out += len(context.messages)
+        if context.delayed:
+            stats.messages_out += len(context.delayed)
         job = self.job
         dirty = context._storage._dirty
         if dirty or function.has_ttl:
@@ -362,7 +378,15 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        egress = [(r.typename, [r.typed_value]) for r in context.egress] if context.egress else ()
+        records = context.egress
+        egress: Iterable[tuple[str, list[Any]]]
+        if not records:
+            egress = ()
+        elif len(records) == 1:  # the common case, without a comprehension's frame
+            record = records[0]
+            egress = ((record.typename, [record.typed_value]),)
+        else:
+            egress = [(r.typename, [r.typed_value]) for r in records]
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(
@@ -370,6 +394,7 @@ class Dispatcher:
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+        began = 0.0 if function.stats.invocations & self._sample_mask else time.perf_counter()
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
@@ -378,6 +403,8 @@ class Dispatcher:
                 return
             self._failed_embedded(function, envelope, exc)
             return
+        if began:
+            function.stats.latency.observe(time.perf_counter() - began)
         self._apply_embedded(function, key, key_group, values, context, now)
 
     # -- one batch in flight per address -------------------------------------------------------
@@ -405,7 +432,9 @@ class Dispatcher:
                         if held is not None and job.remote_slots.locked():
                             held()  # no slot free: this would wait
                             held = None
+                        self.waiting_for_slot += 1
                         async with job.remote_slots:
+                            self.waiting_for_slot -= 1
                             # Top the batch up with what arrived while waiting for a slot
                             # (in the same step as taking it from the mailbox).
                             mailbox = self.busy[key]
@@ -416,10 +445,15 @@ class Dispatcher:
                                 batch.append(mailbox.popleft())
                                 room -= 1
                             job.mailbox_taken(key, len(mailbox))
+                            stats = function.stats
+                            stats.batches += 1
+                            stats.batch_sizes.observe(len(batch))
+                            began = time.perf_counter()
                             try:
                                 outputs = await self._call_remote(
                                     function, key, key_group, batch, held
                                 )
+                                stats.latency.observe(time.perf_counter() - began)
                             finally:
                                 if held is not None:
                                     held()  # (if the call did not)
@@ -429,10 +463,15 @@ class Dispatcher:
                         await self._call_embedded_async(function, key, key_group, batch)
                         release(len(batch))
                 except FunctionInvocationError as exc:
+                    if isinstance(exc, RetryableFunctionError):
+                        function.stats.failures_retryable += len(batch)
+                    else:
+                        function.stats.failures_terminal += len(batch)
                     again = job.on_failure(function.typename, batch, exc)
                     self._put_back(key, again)
                     release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
+                    function.stats.failures_terminal += len(batch)
                     again = job.on_failure(
                         function.typename, batch, TerminalFunctionError(str(exc))
                     )
@@ -490,16 +529,21 @@ class Dispatcher:
     async def _call_embedded_async(
         self, function: EmbeddedFunction, key: AddressKey, key_group: int, batch: list[Envelope]
     ) -> None:
+        stats = function.stats
+        stats.batches += 1
+        stats.batch_sizes.observe(len(batch))
         for index, envelope in enumerate(batch):
             # Each message is its own invocation, with the state the previous one left; once
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
             for attempt in range(2):
                 values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+                began = time.perf_counter()
                 try:
                     await function.function.fun(
                         context, Message(envelope.typename, envelope.id, envelope.value)
                     )
+                    stats.latency.observe(time.perf_counter() - began)
                 except Exception as exc:
                     if (
                         attempt == 0
@@ -574,7 +618,7 @@ class Dispatcher:
             outputs = self._apply_remote(
                 function, key, key_group, values, response.invocation_result, now
             )
-            self.invocations += len(batch)
+            function.stats.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(
             f"function {typename} still reports missing state after {_MAX_SPEC_ROUNDS} rounds"
@@ -738,6 +782,8 @@ class Dispatcher:
                 values = _with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
+        if messages or delayed:
+            function.stats.messages_out += len(messages) + len(delayed)
         return functools.partial(
             self._emit, key, self._address(key), messages, delayed, egress.items()
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 from statefun._exceptions import ModuleError
 from statefun._imports import ImportTargetError, load_object
 from statefun.module._specs import EmbeddedEndpointSpec, HttpEndpointSpec, ModuleSpec
+from statefun.runtime._stats import FunctionStats
 from statefun.sdk._functions import StatefulFunction, StatefulFunctions
 from statefun.sdk._handler import RequestReplyHandler
 from statefun.sdk._spec import ValueSpec
@@ -45,6 +46,8 @@ class EmbeddedFunction:
     function: StatefulFunction
     specs: dict[str, StateSpec]
     has_ttl: bool
+    #: what it did (counts for /metrics and /status)
+    stats: FunctionStats = field(default_factory=FunctionStats, compare=False, repr=False)
 
     @property
     def is_async(self) -> bool:
@@ -61,6 +64,8 @@ class RemoteFunction:
     specs: dict[str, StateSpec] = field(default_factory=dict)
     #: whether any of them expires (kept with ``specs``: read on every call)
     has_ttl: bool = False
+    #: what it did (counts for /metrics and /status)
+    stats: FunctionStats = field(default_factory=FunctionStats, compare=False, repr=False)
 
     def register(self, spec: StateSpec) -> None:
         self.specs[spec.name] = spec

@@ -51,11 +51,13 @@ from statefun.module._specs import ModuleSpec
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._ingress_port import IngressPort
 from statefun.runtime._outputs import Outputs
 from statefun.runtime._probe import probe_endpoints
 from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._router import Router
+from statefun.runtime._stats import IngressStats, LoopLag
 from statefun.runtime._timers import TimerService, now_ms
 from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
@@ -162,6 +164,10 @@ class Job:
         self._crashed = False
         self.admin: Any = None
         self.stopped_by_user = False
+        #: per ingress id, the records it handed over and its time blocked (metrics)
+        self.ingress_stats: dict[str, IngressStats] = {}
+        #: how late the event loop runs (probed while metrics are on)
+        self.loop_lag = LoopLag()
 
     # -- the IngressContext of sources ----------------------------------------------------
 
@@ -229,7 +235,7 @@ class Job:
         return {
             "messages_in_flight": self.pending,
             "remote_messages_in_flight": self.pending_remote,
-            "invocations": sum(d.invocations for d in self.dispatchers),
+            "invocations": sum(f.stats.invocations for f in self.functions.known()),
             "delayed_messages": len(self.timers),
             "dead_letters": self.dead_letters,
             "parallelism": len(self.dispatchers),
@@ -422,6 +428,8 @@ class Job:
             self._tasks.append(loop.create_task(self._guard(dispatcher.run())))
         for source in self.sources:
             self._source_tasks.append(loop.create_task(self._run_source(source)))
+        if self.settings.metrics:
+            self._tasks.append(loop.create_task(self._guard(self.loop_lag.run())))
         if self.checkpoints is not None:
             self._tasks.append(loop.create_task(self._guard(self.checkpoints.run())))
         # one connect per remote endpoint, in the background: the job does not wait for it
@@ -430,7 +438,7 @@ class Job:
         if self.settings.admin_port:
             from statefun.runtime._admin import AdminServer
 
-            self.admin = AdminServer(self, self.settings.admin_port)
+            self.admin = AdminServer(self, self.settings.admin_port, self.settings.admin_host)
             await self.admin.start()
         log.info(
             "job started: %d source(s), %d dispatcher subtask(s), %d key groups, %d sink(s)",
@@ -457,8 +465,10 @@ class Job:
             self.fail(exc)
 
     async def _run_source(self, source: Source) -> None:
+        port = IngressPort(self, self.router)
+        self.ingress_stats[source.ingress_id] = port
         try:
-            await source.run(self)
+            await source.run(port)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -42,6 +42,8 @@ class Outputs:
         #: request id -> the future its HTTP request-reply call waits on
         self.replies: dict[str, asyncio.Future[Any]] = {}
         self.dead_letters = 0
+        #: per egress id (every sink's, from the start), the records written to it
+        self._written: dict[str, int] = dict.fromkeys(self.sinks, 0)
         self.dead_letter_file = DeadLetterFile(
             settings.dead_letter_path, settings.dead_letter_max_bytes
         )
@@ -65,7 +67,13 @@ class Outputs:
             record = {"egress": egress_id, "reason": f"unknown egress {egress_id!r}"}
             self.write_dead_letters([(record, value) for value in values])
             return
+        self._written[egress_id] += len(values)
         sink.write_many(values)
+
+    @property
+    def egress_records(self) -> dict[str, int]:
+        """Per egress id, the records written to its sink."""
+        return dict(self._written)
 
     # -- replies --------------------------------------------------------------------------
 

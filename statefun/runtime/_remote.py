@@ -49,6 +49,7 @@ from statefun._http.client import (
 )
 from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
+from statefun.runtime._stats import EndpointStats
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._wire import (
     ONE_BYTE,
@@ -173,6 +174,7 @@ class _Plan(NamedTuple):
     read: float
     max_response_bytes: int
     origin: str  # what failures are reported per ("http://host:port")
+    stats: EndpointStats  # the origin's counts (shared by the plans of its URLs)
 
 
 def _origin_text(target: Target) -> str:
@@ -218,10 +220,17 @@ class RemoteClient:
         self._max_response_bytes = max_response_bytes
         self._pool: HttpPool | None = None
         self._plans: dict[tuple[str, int], _Plan] = {}
+        #: per endpoint (the origin of its URLs): calls, errors, retries, latency
+        self.endpoints: dict[str, EndpointStats] = {}
 
     async def start(self) -> None:
         if self._pool is None:
             self._pool = HttpPool(self._max_connections, self._max_response_bytes)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open to remote functions now (all endpoints: the pool is shared)."""
+        return 0 if self._pool is None else self._pool.open_connections
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -242,6 +251,10 @@ class RemoteClient:
             )
         except (ValueError, OSError, ssl.SSLError) as exc:
             raise TerminalFunctionError(f"function {typename}: {exc}") from None
+        origin = _origin_text(target)
+        stats = self.endpoints.get(origin)
+        if stats is None:
+            stats = self.endpoints[origin] = EndpointStats()
         plan = self._plans[(url, id(transport))] = _Plan(
             transport,
             target,
@@ -249,13 +262,15 @@ class RemoteClient:
             transport.connect.total_seconds(),
             transport.read.total_seconds(),
             min(self._max_response_bytes, transport.payload_max_bytes),
-            _origin_text(target),
+            origin,
+            stats,
         )
         return plan
 
     def _failed(self, origin: str, typename: str, problem: str, pause: float) -> None:
         """An attempt to ``origin`` failed and is retried: a line now and then, with counts."""
         self.retried_attempts += 1
+        self.endpoints[origin].retries += 1
         trouble = self._trouble.get(origin)
         if trouble is None:
             trouble = self._trouble[origin] = _Trouble()
@@ -353,48 +368,61 @@ class RemoteClient:
         backoff = self._initial_backoff
         attempt = 0
         problem = ""
-        while True:
-            attempt += 1
-            # the pool bounds the connect time by this too
-            timeout = call_timeout if attempt == 1 else max(0.001, deadline - time.monotonic())
-            try:
+        stats = plan.stats
+        stats.calls += 1
+        stats.in_flight += 1
+        began = time.monotonic()
+        try:
+            while True:
+                attempt += 1
+                # the pool bounds the connect time by this too
+                timeout = call_timeout if attempt == 1 else max(0.001, deadline - time.monotonic())
                 try:
-                    response = await pool.post(
-                        target, body, connect, read, timeout, limit, before_wait
+                    try:
+                        response = await pool.post(
+                            target, body, connect, read, timeout, limit, before_wait
+                        )
+                    finally:
+                        if before_wait is not None:
+                            before_wait()  # (if the pool did not: it failed before waiting)
+                            before_wait = None
+                    if response.status == 200:
+                        if self._failing:
+                            self._answered(plan.origin)
+                        stats.latency.observe(time.monotonic() - began)
+                        return response.body
+                    reason = response.body[:200].decode("utf-8", "replace").strip()
+                    problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
+                    if response.status in (404, 410) or _NO_SUCH_FUNCTION.search(reason):
+                        # no such function there: the sender's problem, not the job's
+                        raise FunctionNotFoundError(f"function {typename}: {problem}")
+                    if _INVALID_VALUE.search(reason):  # a message's value fails its own type
+                        raise MessageValueError(f"function {typename}: {problem}")
+                    if 400 <= response.status < 500 and response.status not in (408, 429):
+                        raise TerminalFunctionError(f"function {typename}: {problem}")
+                except ResponseTooLarge as exc:
+                    raise TerminalFunctionError(
+                        f"function {typename} at {url} answered with {exc}"
+                    ) from None
+                except (TimeoutError, HttpProtocolError, OSError) as exc:
+                    # A last attempt cut short by the call timeout says less than the one before.
+                    cut_short = isinstance(exc, TimeoutError) and time.monotonic() >= deadline
+                    if not (cut_short and problem):
+                        problem = f"{type(exc).__name__} calling {url}: {exc}"
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RetryableFunctionError(
+                        f"function {typename} did not answer within its call timeout of "
+                        f"{transport.call} ({attempt} attempts); last error: {problem}"
                     )
-                finally:
-                    if before_wait is not None:
-                        before_wait()  # (if the pool did not: it failed before waiting)
-                        before_wait = None
-                if response.status == 200:
-                    if self._failing:
-                        self._answered(plan.origin)
-                    return response.body
-                reason = response.body[:200].decode("utf-8", "replace").strip()
-                problem = f"HTTP {response.status} from {url}: {reason or response.reason}"
-                if response.status in (404, 410) or _NO_SUCH_FUNCTION.search(reason):
-                    # no such function there: the sender's problem, not the job's
-                    raise FunctionNotFoundError(f"function {typename}: {problem}")
-                if _INVALID_VALUE.search(reason):  # a message's value fails its own type
-                    raise MessageValueError(f"function {typename}: {problem}")
-                if 400 <= response.status < 500 and response.status not in (408, 429):
-                    raise TerminalFunctionError(f"function {typename}: {problem}")
-            except ResponseTooLarge as exc:
-                raise TerminalFunctionError(
-                    f"function {typename} at {url} answered with {exc}"
-                ) from None
-            except (TimeoutError, HttpProtocolError, OSError) as exc:
-                # A last attempt cut short by the call timeout says less than the one before.
-                cut_short = isinstance(exc, TimeoutError) and time.monotonic() >= deadline
-                if not (cut_short and problem):
-                    problem = f"{type(exc).__name__} calling {url}: {exc}"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RetryableFunctionError(
-                    f"function {typename} did not answer within its call timeout of "
-                    f"{transport.call} ({attempt} attempts); last error: {problem}"
-                )
-            pause = min(backoff, remaining) * (0.5 + random.random() / 2)
-            self._failed(plan.origin, typename, problem, pause)
-            await asyncio.sleep(pause)
-            backoff = min(backoff * 2, self._max_backoff)
+                pause = min(backoff, remaining) * (0.5 + random.random() / 2)
+                self._failed(plan.origin, typename, problem, pause)
+                await asyncio.sleep(pause)
+                backoff = min(backoff * 2, self._max_backoff)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            stats.errors += 1
+            raise
+        finally:
+            stats.in_flight -= 1

@@ -299,6 +299,10 @@ async def test_positions_resume_without_gaps_or_duplicates(bootstrap: str, admin
         await collect(first, context, 13)
         assert len(context.got) == 13  # backpressure held the rest back
         position = first.snapshot_position()
+        # what /metrics shows: each partition's next offset, and how far behind its end
+        offsets = first.partition_offsets()
+        assert {key: next_offset for key, (next_offset, _) in offsets.items()} == position
+        assert sum(next_offset + behind for next_offset, behind in offsets.values()) == 40
         await first.notify_checkpoint_complete(1)
     finally:
         await first.close()

@@ -109,7 +109,7 @@ async def test_remote_hot_key_is_batched_and_ordered(remote_url: str) -> None:
     job = Job(module, Settings(), sources=[ScriptSource(script)], sinks=[sink])
     await job.run()
     assert sink.values == [f"hot={i}" for i in range(1, 301)]
-    counter_calls = sum(d.invocations for d in job.dispatchers)
+    counter_calls = job.counters()["invocations"]
     assert counter_calls == 600  # 300 counter + 300 recorder invocations
 
 
