@@ -182,7 +182,14 @@ class CountingSink(Sink):
 
 
 def make_job(
-    backend: str, tmp: Path, checkpoints: bool, source: Source, sink: Sink, interval_ms: int = 1000
+    backend: str,
+    tmp: Path,
+    checkpoints: bool,
+    source: Source,
+    sink: Sink,
+    interval_ms: int = 1000,
+    timeline: int = Settings.timeline_invocations,
+    admin_port: int = 0,
 ) -> Job:
     settings = Settings(
         state_backend=cast(Any, backend),
@@ -190,6 +197,8 @@ def make_job(
         checkpoint_dir=str(tmp / "checkpoints") if checkpoints else "",
         checkpoint_interval_ms=interval_ms,
         dead_letter_path=str(tmp / "dead-letters.jsonl"),
+        timeline_invocations=timeline,
+        admin_port=admin_port,
     )
     endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", None), FUNCTIONS)
     return Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[source], sinks=[sink])
@@ -250,7 +259,14 @@ async def child_throughput(spec: dict[str, Any]) -> dict[str, Any]:
     sink = CountingSink()
     source = CounterSource(spec["keys"])
     job = make_job(
-        spec["backend"], tmp, spec["checkpoints"], source, sink, spec.get("interval_ms", 1000)
+        spec["backend"],
+        tmp,
+        spec["checkpoints"],
+        source,
+        sink,
+        spec.get("interval_ms", 1000),
+        spec.get("timeline", Settings.timeline_invocations),
+        spec.get("admin_port", 0),
     )
     label = f"{spec['backend']}, checkpoints {'on' if spec['checkpoints'] else 'off'}"
     cuts: dict[int, float] = {}

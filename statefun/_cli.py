@@ -22,6 +22,7 @@ from typing import Any
 
 from statefun.checkpoint import verify as _verify
 from statefun.runtime import _dead_letter_commands as _dead_letters
+from statefun.runtime import _state_commands as _state
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -456,6 +457,7 @@ COMMANDS: list[Command] = [
         _status_arguments,
         _runtime_command("status", "statefun.cluster._status"),
     ),
+    Command("state", "the decoded state of an address, the ids of a type", *_state.COMMAND),
 ]
 
 

@@ -265,6 +265,17 @@ class Settings:
             "time); more requests get 429 with Retry-After"
         ),
     )
+    timeline_invocations: int = field(
+        default=50,
+        metadata=_doc(
+            "invocations kept per address for GET /addresses/<ns>/<type>/<id>/timeline on the "
+            "admin port (kept only while admin_port is set); 0: no timeline is kept"
+        ),
+    )
+    timeline_addresses: int = field(
+        default=1_000,
+        metadata=_doc("recently invoked addresses whose timeline is kept (the least recent go)"),
+    )
     http_head_timeout_ms: int = field(
         default=10_000,
         metadata=_doc(
@@ -450,6 +461,10 @@ class Settings:
                 raise ConfigurationError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.admin_savepoint_min_interval_ms < 0:
             raise ConfigurationError("admin_savepoint_min_interval_ms must be at least 0")
+        if self.timeline_invocations < 0:
+            raise ConfigurationError("timeline_invocations must be at least 0")
+        if self.timeline_addresses < 1:
+            raise ConfigurationError("timeline_addresses must be at least 1")
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
             ("restart_strategy", ("none", "fixed-delay", "exponential", "failure-rate")),

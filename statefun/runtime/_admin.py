@@ -5,6 +5,8 @@
   ingresses, egresses, remote endpoints, the last checkpoints, dead letters.
 * ``GET /metrics``: Prometheus text (``_metrics.py``; 404 with the setting ``metrics`` off).
 * ``POST /savepoints``: take a savepoint now; JSON ``{"id": ..., "path": ...}``.
+* ``GET /`` (the console), ``/plan``, ``/state/...``, ``/addresses/.../timeline``: the
+  read-only views of ``_console.py``.
 
 It runs on the built-in HTTP server (``statefun._http.server``), with its defences (request
 deadlines, connection caps, the ``Host`` allow-list against DNS rebinding), and refuses what a
@@ -32,6 +34,7 @@ from statefun._exceptions import UnavailableError
 from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
 from statefun._http.server import HttpServer, Reply, Request, media_type, plain
 from statefun._oserrors import listen_error
+from statefun.runtime._console import AdminViews, ConsoleJob
 from statefun.runtime._status import ObservedJob, status_details
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 _ROUTES = {"/status": "GET", "/savepoints": "POST", "/metrics": "GET"}
 
 
-class AdminJob(ObservedJob, Protocol):
+class AdminJob(ObservedJob, ConsoleJob, Protocol):
     """What the admin server needs of the job (``runtime/_job.py``'s ``Job``)."""
 
     @property
@@ -82,6 +85,7 @@ class AdminServer:
         self._min_interval = settings.admin_savepoint_min_interval_ms / 1000
         self._options = ServerOptions.from_settings(settings, token=settings.admin_token or None)
         self.metrics = _job_metrics(job) if settings.metrics else None
+        self.views = AdminViews(job)
 
     async def start(self) -> None:
         self._server = HttpServer(self, options=self._options, name="admin server")
@@ -92,7 +96,8 @@ class AdminServer:
                 f"admin server: {listen_error(self.host, self.port, exc)}"
             ) from exc
         log.info(
-            "admin server on http://%s:%d (GET /status, GET /metrics, POST /savepoints)%s",
+            "admin server on http://%s:%d (console at /; GET /status, /metrics, /state; "
+            "POST /savepoints)%s",
             self.host,
             self.port,
             " (bearer token required)" if self._options.token else "",
@@ -126,9 +131,9 @@ class AdminServer:
         return plain(413, f"the admin server takes bodies of at most {self.max_body_bytes} bytes")
 
     def check(self, request: Request) -> Reply | None:
-        method = _ROUTES.get(request.path)
+        method = _ROUTES.get(request.path) or self.views.method(request.path)
         if method is None:
-            return plain(404, f"no such path {request.path[:100]!r}; try /status or /savepoints")
+            return plain(404, f"no such path {request.path[:100]!r}; try /, /status or /state")
         origin = request.headers.get("origin")
         if origin is not None and not self._own_origin(origin):
             return plain(403, f"cross-site request refused (Origin {origin[:80]!r})")
@@ -160,7 +165,9 @@ class AdminServer:
             if self.metrics is None:
                 return plain(404, "metrics are off (setting metrics)")
             return Reply(200, _METRICS_TYPE, self.metrics.exposition())
-        return self._savepoint()
+        if request.path == "/savepoints":
+            return self._savepoint()
+        return self.views.handle(request)
 
     async def _savepoint(self) -> Reply:
         checkpoints = self.job.checkpoints

@@ -22,6 +22,8 @@ more) - so one bad write never blocks an address. When a remote address
 has its next batch waiting, that step writes the next request (with the new state) before the
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
+Where results are applied (and where an invocation fails) each invocation goes to the job's
+timeline (``_timeline.py``) when it keeps one: a few references, nothing formatted.
 
 The job is seen through ``DispatcherJob`` (below). The module stays whole (about 700 lines):
 intake, mailboxes, the embedded and the remote invocation and applying their results share
@@ -38,6 +40,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from statefun._exceptions import (
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
     from statefun._settings import Settings
     from statefun.runtime._functions import FunctionRegistry
     from statefun.runtime._remote import RemoteClient
+    from statefun.runtime._timeline import Timeline
     from statefun.runtime._timers import TimerService
     from statefun.state.base import StateBackend
 
@@ -143,6 +147,8 @@ class DispatcherJob(Protocol):
     def client(self) -> RemoteClient: ...
     @property
     def clock(self) -> Callable[[], int]: ...
+    @property
+    def timeline(self) -> Timeline | None: ...
 
     # routing and admission (keyBy, the sources' gate)
     def send(self, envelope: Envelope) -> None: ...
@@ -191,6 +197,8 @@ class Dispatcher:
         self.waiting_for_slot = 0
         #: synchronous embedded invocations: one in (this + 1) is timed (-1, metrics off: none)
         self._sample_mask = FunctionStats.EMBEDDED_SAMPLE - 1 if job.settings.metrics else -1
+        #: where invocations are recorded for the admin port's timeline (None: nowhere)
+        self._timeline = job.timeline
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -338,10 +346,12 @@ class Dispatcher:
         return values, context, now
 
     def _failed_embedded(
-        self, function: EmbeddedFunction, envelope: Envelope, exc: Exception
+        self, function: EmbeddedFunction, envelope: Envelope, exc: Exception, started: float
     ) -> None:
         """The function raised: nothing of the invocation is applied; the policy decides (a
         value that fails its own type is the sender's error: a dead letter)."""
+        if self._timeline is not None:
+            self._timeline.record((envelope.typename, envelope.id), envelope, started, error=exc)
         kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         function.stats.failures_terminal += 1
         self.job.on_failure(
@@ -362,6 +372,8 @@ class Dispatcher:
         values: dict[str, Any],
         context: InvocationContext,
         now: int,
+        envelope: Envelope,
+        started: float,
     ) -> None:
         """State, then messages (feedback), delayed messages and egress, in one step."""
         stats = function.stats
@@ -387,12 +399,24 @@ class Dispatcher:
             egress = ((record.typename, [record.typed_value]),)
         else:
             egress = [(r.typename, [r.typed_value]) for r in records]
+        if self._timeline is not None:
+            self._timeline.record(
+                key,
+                envelope,
+                started,
+                values,
+                dirty,
+                context.messages or (),
+                context.delayed or (),
+                egress,
+            )
         self._emit(key, context._address, context.messages, context.delayed, egress)
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
+        started = perf_counter() if self._timeline is not None else 0.0
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
         began = 0.0 if function.stats.invocations & self._sample_mask else time.perf_counter()
         try:
@@ -401,11 +425,11 @@ class Dispatcher:
             if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
                 self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
                 return
-            self._failed_embedded(function, envelope, exc)
+            self._failed_embedded(function, envelope, exc, started)
             return
         if began:
             function.stats.latency.observe(time.perf_counter() - began)
-        self._apply_embedded(function, key, key_group, values, context, now)
+        self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
 
     # -- one batch in flight per address -------------------------------------------------------
 
@@ -467,11 +491,15 @@ class Dispatcher:
                         function.stats.failures_retryable += len(batch)
                     else:
                         function.stats.failures_terminal += len(batch)
+                    if self._timeline is not None:
+                        self._timeline.record(key, batch, perf_counter(), error=exc)
                     again = job.on_failure(function.typename, batch, exc)
                     self._put_back(key, again)
                     release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
                     function.stats.failures_terminal += len(batch)
+                    if self._timeline is not None:
+                        self._timeline.record(key, batch, perf_counter(), error=exc)
                     again = job.on_failure(
                         function.typename, batch, TerminalFunctionError(str(exc))
                     )
@@ -537,6 +565,7 @@ class Dispatcher:
             # applied, it is no longer in flight (a checkpoint must not hold it twice).
             self.in_flight[key] = batch[index:]
             for attempt in range(2):
+                started = perf_counter()
                 values, context, now = self._prepare_embedded(function, envelope, key, key_group)
                 began = time.perf_counter()
                 try:
@@ -551,9 +580,11 @@ class Dispatcher:
                         and self._moved_out(function, key, key_group)
                     ):
                         continue  # once more, without the values of another type
-                    self._failed_embedded(function, envelope, exc)
+                    self._failed_embedded(function, envelope, exc, started)
                     break
-                self._apply_embedded(function, key, key_group, values, context, now)
+                self._apply_embedded(
+                    function, key, key_group, values, context, now, envelope, started
+                )
                 break
 
     def _emit(
@@ -598,6 +629,7 @@ class Dispatcher:
         else is waited for."""
         job = self.job
         typename, id_ = key
+        started = perf_counter()
         for _ in range(_MAX_SPEC_ROUNDS):
             now = self._clock()
             stored = job.state.get(key_group, key)
@@ -618,6 +650,10 @@ class Dispatcher:
             outputs = self._apply_remote(
                 function, key, key_group, values, response.invocation_result, now
             )
+            if self._timeline is not None:
+                result = response.invocation_result
+                written = [m.state_name for m in result.state_mutations]
+                self._timeline.record(key, batch, started, values, written, result=result)
             function.stats.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(

@@ -58,6 +58,7 @@ from statefun.runtime._quarantine import Quarantine, signature
 from statefun.runtime._remote import RemoteClient
 from statefun.runtime._router import Router
 from statefun.runtime._stats import IngressStats, LoopLag
+from statefun.runtime._timeline import Timeline
 from statefun.runtime._timers import TimerService, now_ms
 from statefun.runtime._unanswered import UnansweredCalls
 from statefun.sdk._spec import SdkAddress
@@ -108,6 +109,13 @@ class Job:
         #: the wall clock (ms since the epoch) of delayed messages and state TTL
         self.clock = clock
         self.timers = TimerService(self._fire_delayed, clock)
+        #: the last invocations of recently invoked addresses, kept while the admin server
+        #: (which shows them) runs; None: not kept
+        self.timeline: Timeline | None = (
+            Timeline(self.settings.timeline_invocations, self.settings.timeline_addresses)
+            if self.settings.timeline_invocations and self.settings.admin_port
+            else None
+        )
         #: concurrent remote calls: one per pooled connection (waiting here, not in the pool,
         #: lets a batch keep growing until it can be sent)
         self.remote_slots = asyncio.Semaphore(self.settings.remote_max_connections)

@@ -25,16 +25,25 @@ one backend merges them (rescaling from several owners of disjoint key groups).
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AddressKey", "StateBackend", "StateSnapshot", "StateValues"]
+__all__ = ["AddressKey", "StateBackend", "StateSnapshot", "StateValues", "drain"]
 
 #: (function typename, id)
 AddressKey = tuple[str, str]
 #: state name -> typed value
 StateValues = Mapping[str, Any]
+
+
+def drain(steps: Generator[None, None, list[str]]) -> list[str]:
+    """Run every step of ``StateBackend.ids_in_steps`` at once; its page."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return list(done.value)
 
 
 class StateSnapshot(abc.ABC):
@@ -70,6 +79,28 @@ class StateBackend(abc.ABC):
     @abc.abstractmethod
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
         """Every address with values in ``key_group`` (``put`` while iterating is allowed)."""
+
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` ids of the function type ``typename`` that hold values in
+        ``key_group``, in the order of their UTF-8 bytes (Python's ``str`` order), only those
+        after ``after`` (None: from the first). A page of a listing: the caller walks the key
+        groups in order. Backends override this generic one (every address of the group)."""
+        found = sorted(
+            id_
+            for (kind, id_), _values in self.items(key_group)
+            if kind == typename and (after is None or id_ > after)
+        )
+        return found[:limit]
+
+    def ids_in_steps(
+        self, key_group: int, typename: str, after: str | None, limit: int
+    ) -> Generator[None, None, list[str]]:
+        """``ids`` as steps of bounded work (a generator: each ``next`` does one, and its
+        return value is the page), so that a caller on the event loop can let the loop run
+        between them; what is written meanwhile may or may not be in the page. Backends
+        override this default (one step)."""
+        return self.ids(key_group, typename, after, limit)
+        yield  # (a generator)
 
     @abc.abstractmethod
     def key_groups(self) -> list[int]:

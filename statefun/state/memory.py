@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,13 @@ from statefun._exceptions import CheckpointDamagedError
 from statefun._files import fsync_dir, synced_file
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state._registry import BackendKind, read_snapshot
-from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
+from statefun.state.base import (
+    AddressKey,
+    StateBackend,
+    StateSnapshot,
+    StateValues,
+    drain,
+)
 
 __all__ = ["KIND", "MemoryStateBackend", "MemoryStateSnapshot", "read_memory_snapshot"]
 
@@ -36,6 +42,8 @@ FORMAT = 2
 STATE_FILE = "state.msgpack"
 #: addresses per msgpack chunk of a key-group file (the GIL is free between chunks)
 CHUNK = 2048
+#: addresses of a key group sorted per step of ``ids_in_steps``
+IDS_STEP = 512
 
 
 class MemoryStateBackend(StateBackend):
@@ -68,6 +76,34 @@ class MemoryStateBackend(StateBackend):
 
     def items(self, key_group: int) -> Iterator[tuple[AddressKey, StateValues]]:
         return iter(list(self._groups.get(key_group, {}).items()))
+
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        return drain(self.ids_in_steps(key_group, typename, after, limit))
+
+    def ids_in_steps(
+        self, key_group: int, typename: str, after: str | None, limit: int
+    ) -> Generator[None, None, list[str]]:
+        """Sorts the group's ids ``IDS_STEP`` at a time and merges each run into the
+        smallest ``limit`` so far (a step each): never one sort of a whole large group (a
+        million addresses in 128 groups: 7,800 each)."""
+        group = self._groups.get(key_group)
+        if not group or limit <= 0:
+            return []
+        keys = list(group)  # a copy: the event loop may write between steps
+        smallest: list[str] = []
+        for start in range(0, len(keys), IDS_STEP):
+            if start:
+                yield
+            run = [
+                id_
+                for kind, id_ in keys[start : start + IDS_STEP]
+                if kind == typename and (after is None or id_ > after)
+            ]
+            if run:
+                smallest += run
+                smallest.sort()  # a sorted list and a run: Timsort merges them
+                del smallest[limit:]
+        return smallest
 
     def key_groups(self) -> list[int]:
         return sorted(k for k, v in self._groups.items() if v)

@@ -67,6 +67,7 @@ key and value encoding (``_codec.py``).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
 import logging
 import os
@@ -75,7 +76,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,7 +94,13 @@ from statefun.state._codec import (
     key_group_prefix,
 )
 from statefun.state._registry import BackendKind, read_snapshot
-from statefun.state.base import AddressKey, StateBackend, StateSnapshot, StateValues
+from statefun.state.base import (
+    AddressKey,
+    StateBackend,
+    StateSnapshot,
+    StateValues,
+    drain,
+)
 
 __all__ = ["KIND", "RocksDBStateBackend", "RocksDBStateSnapshot", "read_rocksdb_snapshot"]
 
@@ -107,6 +114,8 @@ _BATCH = 4096
 #: bigger than every key: the end of a delete_range that runs to the last key group
 _KEYS_END = b"\xff" * 5
 _TAIL = 4096
+#: keys read per step of ``ids_in_steps``
+IDS_STEP = 256
 
 #: key group -> address -> values, or None for a deletion
 _Buffer = dict[int, dict[AddressKey, StateValues | None]]
@@ -403,6 +412,48 @@ class RocksDBStateBackend(StateBackend):
             if group:
                 merged.update(group)
         return iter([(key, values) for key, values in merged.items() if values])
+
+    def ids(self, key_group: int, typename: str, after: str | None, limit: int) -> list[str]:
+        return drain(self.ids_in_steps(key_group, typename, after, limit))
+
+    def ids_in_steps(
+        self, key_group: int, typename: str, after: str | None, limit: int
+    ) -> Generator[None, None, list[str]]:
+        """A range scan from ``after`` over the type's keys in the group (never more than
+        ``limit`` live ids read from RocksDB, ``IDS_STEP`` keys a step; the iterator reads
+        the database as it was when it was created), merged with the write buffers."""
+        if limit <= 0:
+            return []
+        frozen = self._frozen  # before RocksDB (as in ``items``)
+        buffered: dict[str, bool] = {}  # id -> has values, newest buffer last
+        for buffer in (*(f.buffer for f in frozen), self._pending):
+            group = buffer.get(key_group)
+            if group:
+                for (kind, id_), values in group.items():
+                    if kind == typename and (after is None or id_ > after):
+                        buffered[id_] = bool(values)
+        prefix = encode_key(key_group, (typename, ""))
+        start = prefix if after is None else encode_key(key_group, (typename, after))
+        found = [id_ for id_, live in buffered.items() if live]
+        from_db = 0
+        iterator = self._db.iter()
+        iterator.seek(start)
+        read = 0
+        while from_db < limit and iterator.valid():
+            read += 1
+            if read % IDS_STEP == 0:
+                yield
+            raw = cast(bytes, iterator.key())
+            if not raw.startswith(prefix):
+                break
+            if raw != start or after is None:
+                id_ = raw[len(prefix) :].decode("utf-8")
+                if id_ not in buffered:
+                    found.append(id_)
+                    from_db += 1
+            iterator.next()
+        del iterator
+        return heapq.nsmallest(limit, found) if len(found) > limit else sorted(found)
 
     def key_groups(self) -> list[int]:
         frozen = self._frozen

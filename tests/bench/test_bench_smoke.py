@@ -139,3 +139,9 @@ def test_restate_vs_pystatefun() -> None:
 def test_cluster(bootstrap: str) -> None:
     out = smoke("cluster.py", "--bootstrap", bootstrap, timeout=300)
     assert "| two-hop | cluster-2 |" in out
+
+
+def test_admin_views() -> None:
+    out = smoke("admin_views.py", *BACKENDS, timeout=120)
+    for part in ("### 1.", "### 2.", "### 3."):
+        assert part in out, f"part {part} missing:\n{out}"
