@@ -26,7 +26,12 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@# mypy sees the package as installed: statefun/ with sdk/, ingress/, egress/ inside it.
+	@# mypy sees the package as installed: statefun/ with sdk/, ingress/, egress/ inside it,
+	@# laid out as links under build/typecheck. mypy has no setting that maps a folder to
+	@# another package name (mypy_path and explicit_package_bases name packages by their
+	@# folders), and it cannot follow the import hook of setuptools' editable install.
+	@# setuptools' "strict" editable mode builds such a link tree too, but only new files at
+	@# each reinstall; a tree made here at every lint sees every file.
 	@rm -rf build/typecheck && mkdir -p build/typecheck/statefun
 	@for f in statefun/*; do ln -s "$(CURDIR)/$$f" build/typecheck/statefun/; done
 	@for d in sdk ingress egress; do ln -s "$(CURDIR)/$$d" build/typecheck/statefun/$$d; done

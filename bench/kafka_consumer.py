@@ -35,9 +35,10 @@ if str(ROOT) not in sys.path:
 
 from bench._common import SMOKE_HELP, cpu_seconds, expect, progress, smoke_banner  # noqa: E402
 from bench._jvm_processes import create_topics  # noqa: E402
+from statefun._kafka import import_kafka  # noqa: E402
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 from statefun.ingress._kafka_fetch import install  # noqa: E402
-from statefun.ingress.kafka import DEFAULT_POLL_RECORDS, import_kafka  # noqa: E402
+from statefun.ingress.kafka import DEFAULT_POLL_RECORDS  # noqa: E402
 
 kafka = import_kafka()
 

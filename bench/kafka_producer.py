@@ -37,11 +37,11 @@ if str(ROOT) not in sys.path:
 
 from bench._common import SMOKE_HELP, cpu_seconds, expect, progress, smoke_banner  # noqa: E402
 from bench._jvm_processes import create_topics, end_offsets  # noqa: E402
+from statefun._kafka import import_kafka  # noqa: E402
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 from statefun.egress._kafka_append import BulkAppender  # noqa: E402
 from statefun.egress._kafka_partitioner import KeyPartitioner  # noqa: E402
 from statefun.egress.kafka import DEFAULT_BATCH_BYTES, DEFAULT_LINGER_MS  # noqa: E402
-from statefun.ingress.kafka import import_kafka  # noqa: E402
 
 kafka = import_kafka()
 from kafka.producer.sender import Sender  # noqa: E402

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statefun.ingress.kafka import import_kafka, internals_unsupported
+from statefun._kafka import import_kafka, internals_unsupported
 from statefun.sdk._wire import varint
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statefun.ingress.kafka import import_kafka
+from statefun._kafka import import_kafka
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
 from kafka.partitioner.default import DefaultPartitioner  # noqa: E402

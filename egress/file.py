@@ -22,9 +22,12 @@ from typing import Any
 
 from statefun._exceptions import UnavailableError
 from statefun._oserrors import reason
+from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.egress.base import EgressRecord, Sink, describe_typed_value
+from statefun.module._fields import Fields, delivery_semantic, file_path
+from statefun.module._specs import FileEgressSpec
 
-__all__ = ["FileSink"]
+__all__ = ["KIND", "FileSink"]
 
 
 class FileSink(Sink):
@@ -109,3 +112,33 @@ class FileSink(Sink):
             out.flush()
             os.fsync(out.fileno())
             self._size = out.tell()
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+_SEMANTICS = ("exactly-once", "at-least-once")
+
+
+def _parse(spec: Fields) -> FileEgressSpec:
+    egress_id = spec.typename("id")
+    path = file_path(spec)
+    # A transaction timeout is accepted (as the Kafka egress's form) and has no use here: a
+    # file egress's transaction ends with its checkpoint.
+    semantic, _ = delivery_semantic(spec, _SEMANTICS, "exactly-once", needs_timeout=False)
+    return FileEgressSpec(
+        id=egress_id, path=path, exactly_once=semantic == "exactly-once", source=spec.doc.source
+    )
+
+
+def _build(spec: FileEgressSpec, context: ConnectorContext) -> FileSink:
+    return FileSink(spec.id, spec.path, spec.exactly_once)
+
+
+def _label(spec: FileEgressSpec) -> str:
+    return f"file egress {spec.id}\n{spec.path}"
+
+
+KIND = ConnectorKind(
+    "io.pystatefun.file.v1/egress", "egress", FileEgressSpec, _parse, _build, _label
+)

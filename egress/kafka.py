@@ -60,7 +60,8 @@ no key. A record that is not one is logged and sent to the dead-letter topic if
 
 kafka-python is blocking: every producer call runs on one dedicated thread, in call order.
 Records go to a producer a list at a time, appended to its batches in one pass with one
-outcome per batch (``statefun.egress._kafka_append``), not a ``send`` and a future per record.
+outcome per batch (``statefun.egress._kafka_append``), not a ``send`` and a future per record;
+the producers and their transactions are ``_kafka_producers.py``, what runs on that thread.
 See docs/kafka.md.
 """
 
@@ -69,7 +70,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -79,25 +79,24 @@ from typing import Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from statefun._exceptions import ConfigurationError, UnavailableError
+from statefun._exceptions import ConfigurationError
+from statefun._kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
+from statefun._kafka._dead_letters import headers
+from statefun._kafka._yaml import parse_egress
+from statefun.connectors import ConnectorContext, ConnectorKind
+from statefun.egress._kafka_producers import SLOTS, Producers, Row, Transaction
 from statefun.egress.base import EgressRecord, Sink
-from statefun.ingress.kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
 from statefun.module._specs import KafkaEgressSpec
 from statefun.sdk._proto import egress_pb2
 
-__all__ = ["KAFKA_PRODUCER_RECORD", "KafkaSink", "Row"]
+__all__ = ["KAFKA_PRODUCER_RECORD", "KIND", "KafkaSink", "Row"]
 
 log = logging.getLogger(__name__)
 
 KAFKA_PRODUCER_RECORD = "type.googleapis.com/io.statefun.sdk.egress.KafkaProducerRecord"
 
-#: One record to produce: topic, key (None: no key), value, headers (None: none).
-Row = tuple[str, str | None, bytes, list[tuple[str, bytes]] | None]
-#: A sealed exactly-once transaction: checkpoint id, lineage (the sealing sink's id), rows.
-Transaction = tuple[int, str, list[Row]]
 Semantic = Literal["at-least-once", "exactly-once", "none"]
 _T = TypeVar("_T")
-_SEND_TIMEOUT_S = 120.0
 #: ``linger.ms`` and ``batch.size`` unless the egress's properties set them. With
 #: kafka-python's defaults (0 ms, 16 KiB) under load, ``send`` woke the sender thread every
 #: 2nd-3rd record: 19-25 us of CPU per record against 12.5 us with these
@@ -105,12 +104,9 @@ _SEND_TIMEOUT_S = 120.0
 #: (at-least-once) and the cut (exactly-once) send everything at once.
 DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 256 * 1024
-#: How long ``close`` waits for the abort of a transaction still open.
-_ABORT_TIMEOUT_S = 5.0
 _parse_record = egress_pb2.KafkaProducerRecord.FromString
 #: The exactly-once checkpoint state's ``format``: 2, one transactional id per slot.
 _STATE_FORMAT = 2
-_SLOTS = (0, 1)
 
 
 @dataclass
@@ -151,7 +147,6 @@ class KafkaSink(Sink):
         self.dead_letter_topic = props.get(DEAD_LETTER_TOPIC) or None
         #: the base of the producers' transactional ids (and of the marker group's name)
         self.transactional_id = props.get("transactional.id") or f"{egress_id}-pystatefun"
-        self.transactional_ids = tuple(f"{self.transactional_id}-{slot}" for slot in _SLOTS)
         self.commit_group = f"{self.transactional_id}-commits"
         config = kafka_client_config(props, kafka.KafkaProducer.DEFAULT_CONFIG, owner=owner)
         config.pop("transactional_id", None)
@@ -184,14 +179,16 @@ class KafkaSink(Sink):
         self._open: list[Row] = []  # the filling transaction's rows handed to its producer
         self._slot: int | None = 0  # the filling transaction's producer slot; None: none free
         self._pending: dict[int, _Sealed] = {}  # sealed, not committed yet: by checkpoint id
-        # The producer thread's own.
-        self._plain: Any = None  # KafkaProducer (at-least-once, none)
-        self._tx_producers: list[Any] = [None for _ in _SLOTS]  # KafkaProducer per slot
-        self._tx_open = [False for _ in _SLOTS]  # a transaction begun, not committed
-        self._tx_sent: list[Any] = [None for _ in _SLOTS]  # Delivery of each open transaction
-        # (producer, its BulkAppender) by id(producer); a producer without one: send_each
-        self._appenders: dict[int, tuple[Any, Any]] = {}
-        self._failed: BaseException | None = None  # a transaction failed: nothing more commits
+        #: the producers and their transactions: the producer thread's own
+        self._producers = Producers(
+            egress_id,
+            bootstrap_servers,
+            self.transactional_id,
+            self._plain_config,
+            self._transactional_config,
+            self._consumer_config,
+            self._send_offsets,
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-sink-{egress_id}")
         self.produced = 0
         self.rejected = 0
@@ -251,12 +248,8 @@ class KafkaSink(Sink):
         self.rejected += 1
         log.error("egress %s: record skipped: %s", self.egress_id, reason)
         if self.dead_letter_topic is not None:
-            headers = [
-                ("pystatefun.egress", self.egress_id.encode()),
-                ("pystatefun.typename", str(typed.typename).encode()),
-                ("pystatefun.reason", reason.encode()),
-            ]
-            self._buffer.append((self.dead_letter_topic, None, bytes(typed.value), headers))
+            extra = headers(egress=self.egress_id, typename=typed.typename, reason=reason)
+            self._buffer.append((self.dead_letter_topic, None, bytes(typed.value), extra))
 
     # -- the producer thread ----------------------------------------------------------------------
 
@@ -265,242 +258,21 @@ class KafkaSink(Sink):
             # init_transactions takes seconds the first time: pay it at start, not at the
             # first commit (and fail early if the broker cannot be reached). It also fences the
             # previous run's producers, aborting the transactions they left open.
-            await self._call(self._init_transactional)
+            await self._call(self._producers.init_transactional)
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _new_producer(self, config: dict[str, Any]) -> Any:
-        kafka = import_kafka()
-        from statefun.egress._kafka_append import BulkAppender, bulk_supported
-
-        try:
-            producer = kafka.KafkaProducer(**config)
-        except kafka.errors.KafkaError as exc:
-            raise UnavailableError(
-                f"egress {self.egress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
-            ) from exc
-        unsupported = bulk_supported(producer)
-        if unsupported is None:
-            self._appenders[id(producer)] = (
-                producer,
-                BulkAppender(producer, config["partitioner"]),
-            )
-        else:
-            log.warning(
-                "egress %s: records go to Kafka one send() at a time (slower): %s",
-                self.egress_id,
-                unsupported,
-            )
-        return producer
-
-    def _hand_over(self, producer: Any, rows: list[Row]) -> Any:
-        """``rows`` to ``producer``: their Delivery (statefun.egress._kafka_append)."""
-        from statefun.egress._kafka_append import send_each
-
-        entry = self._appenders.get(id(producer))
-        if entry is None or entry[0] is not producer:
-            return send_each(producer, rows)
-        return entry[1].append(rows)
-
-    def _plain_producer(self) -> Any:
-        if self._plain is None:
-            self._plain = self._new_producer(self._plain_config)
-        return self._plain
-
-    def _transactional_producer(self, transactional_id: str) -> Any:
-        """A producer with ``transactional_id`` after ``init_transactions``: that fences an
-        older producer with this id, aborts its open transaction, or waits until its prepared
-        commit is complete."""
-        producer = self._new_producer(
-            {**self._transactional_config, "transactional_id": transactional_id}
-        )
-        try:
-            producer.init_transactions()
-        except BaseException:
-            _close_quietly(producer, 0)
-            raise
-        return producer
-
-    def _tx_producer(self, slot: int) -> Any:
-        if self._failed is not None:
-            raise ConnectionError(
-                f"egress {self.egress_id}: a Kafka transaction failed: nothing more is "
-                f"committed until the job restarts from its checkpoint ({self._failed!r})"
-            ) from self._failed
-        producer = self._tx_producers[slot]
-        if producer is None:
-            producer = self._transactional_producer(self.transactional_ids[slot])
-            self._tx_producers[slot] = producer
-        return producer
-
-    def _init_transactional(self) -> None:
-        for slot in _SLOTS:
-            self._tx_producer(slot)
-
-    def _begin(self, slot: int) -> Any:
-        """Slot ``slot``'s producer, in a transaction."""
-        producer = self._tx_producer(slot)
-        if not self._tx_open[slot]:
-            from statefun.egress._kafka_append import Delivery
-
-            producer.begin_transaction()
-            self._tx_open[slot] = True
-            self._tx_sent[slot] = Delivery()
-        return producer
-
-    def _tx_wait(self, producer: Any, slot: int) -> None:
-        """Wait until the broker acknowledged every record of slot ``slot``'s transaction."""
-        from statefun.egress._kafka_append import flush
-
-        failures = flush(producer, self._tx_sent[slot], _SEND_TIMEOUT_S)
-        if failures:
-            raise ConnectionError(
-                f"egress {self.egress_id}: {sum(n for _, n in failures)} record(s) of a "
-                f"transaction not acknowledged by Kafka: {failures[0][0]!r}"
-            )
-
-    def _tx_send(self, slot: int, rows: list[Row], wait: bool) -> None:
-        """Produce ``rows`` into slot ``slot``'s transaction (begun if need be); with ``wait``,
-        wait for the acknowledgements of all of its records."""
-        try:
-            producer = self._begin(slot)
-            if rows:
-                self._tx_sent[slot].update(self._hand_over(producer, rows))
-            if wait:
-                self._tx_wait(producer, slot)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-
-    def _tx_commit(
-        self, slot: int, checkpoint_id: int, lineage: str, marker_topic: str, unsent: list[Row]
-    ) -> None:
-        """Produce ``unsent`` into slot ``slot``'s transaction, add the marker, commit."""
-        self._tx_send(slot, unsent, True)
-        try:
-            producer = self._tx_producers[slot]
-            self._send_offsets(producer, checkpoint_id, lineage, marker_topic)
-            producer.commit_transaction()
-            self._tx_open[slot] = False
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-
     def _send_offsets(
         self, producer: Any, checkpoint_id: int, lineage: str, marker_topic: str
     ) -> None:
-        """The offsets transaction ``checkpoint_id`` commits with its records (producer
-        thread): the marker that says it reached Kafka (``recover``)."""
+        """The offsets transaction ``checkpoint_id`` commits with its records (on the producer
+        thread, from ``Producers.tx_commit``): the marker that says it reached Kafka
+        (``recover``)."""
         kafka = import_kafka()
         marker = kafka.TopicPartition(marker_topic, 0)
         offsets = {marker: kafka.structs.OffsetAndMetadata(checkpoint_id, lineage, -1)}
         producer.send_offsets_to_transaction(offsets, self.commit_group)
-
-    def _fail(self, error: BaseException) -> None:
-        """A transaction failed: its records may be lost, so none may commit any more (a new
-        producer would abort it and commit only what comes next). The producers stay, for
-        ``close`` to abort their transactions."""
-        if self._failed is None:
-            self._failed = error
-            log.error("egress %s: a Kafka transaction failed: %r", self.egress_id, error)
-
-    def _produce(self, rows: list[Row], wait: bool) -> None:
-        producer = self._plain_producer()
-        if not wait:
-            try:
-                self._hand_over(producer, rows)
-            except Exception as exc:
-                log.error(
-                    "egress %s: %d record(s) dropped (semantic none): %r",
-                    self.egress_id,
-                    len(rows),
-                    exc,
-                )
-            return
-        from statefun.egress._kafka_append import BatchTooLarge, abandon, flush
-
-        try:
-            failures = flush(producer, self._hand_over(producer, rows), _SEND_TIMEOUT_S)
-        except BatchTooLarge as exc:  # the producer stays stuck on that batch: a new one
-            self._plain = None
-            self._appenders.pop(id(producer), None)
-            abandon(producer)
-            raise ConnectionError(f"egress {self.egress_id}: {exc}") from exc
-        if failures:
-            raise ConnectionError(
-                f"egress {self.egress_id}: {sum(n for _, n in failures)} of {len(rows)} "
-                f"record(s) not acknowledged by Kafka: {failures[0][0]!r}"
-            )
-
-    def _recover_transactions(
-        self, transactions: list[Transaction], slot: int, legacy: bool
-    ) -> int:
-        """Commit the transactions (oldest first) that did not reach Kafka; how many."""
-        kafka = import_kafka()
-        # init_transactions first (start() did, unless it was not called): a commit in
-        # progress completes, an open transaction is aborted.
-        self._init_transactional()
-        if legacy:  # the single transactional id of the runs before the two slots
-            _close_quietly(self._transactional_producer(self.transactional_id), 10)
-        consumer = kafka.KafkaConsumer(**self._consumer_config)
-        try:
-            markers = {}
-            for topic in {rows[0][0] for _, _, rows in transactions}:
-                markers[topic] = consumer.committed(kafka.TopicPartition(topic, 0), metadata=True)
-        finally:
-            consumer.close(autocommit=False)
-        # Transactions commit in order: the newest one whose marker shows it in Kafka, and
-        # every older one, are done. Only markers of the same lineage are compared, so ids that
-        # start again from 1 (a fresh checkpoint folder, another run) cannot pass for done.
-        done = 0
-        for index in range(len(transactions) - 1, -1, -1):
-            cid, lineage, rows = transactions[index]
-            found = markers[rows[0][0]]
-            if found is not None and found.metadata == lineage and found.offset >= cid:
-                done = index + 1
-                break
-        for cid, lineage, rows in transactions[done:]:
-            self._tx_commit(slot, cid, lineage, rows[0][0], rows)
-        return len(transactions) - done
-
-    def _close_producers(self) -> None:
-        for slot in _SLOTS:
-            producer, self._tx_producers[slot] = self._tx_producers[slot], None
-            if producer is None:
-                continue
-            self._appenders.pop(id(producer), None)
-            if self._tx_open[slot]:
-                self._abort(producer, slot)
-            _close_quietly(producer, 10)
-        producer, self._plain = self._plain, None
-        if producer is not None:
-            self._appenders.pop(id(producer), None)
-            producer.close(timeout=10)
-
-    def _abort(self, producer: Any, slot: int) -> None:
-        """Abort slot ``slot``'s open transaction, so that readers need not wait for its
-        timeout. With the producer's own epoch: a producer that a newer run fenced fails here
-        and fences nobody. abort_transaction has no timeout: it runs on a daemon thread."""
-        self._tx_open[slot] = False
-
-        def abort() -> None:
-            try:
-                producer.abort_transaction()
-            except Exception as exc:
-                log.debug("egress %s: aborting an open transaction: %r", self.egress_id, exc)
-
-        thread = threading.Thread(target=abort, name=f"{self.egress_id}-abort", daemon=True)
-        thread.start()
-        thread.join(_ABORT_TIMEOUT_S)
-        if thread.is_alive():
-            log.warning(
-                "egress %s: the open transaction of %s could not be aborted in %.0f s; the "
-                "broker aborts it after transaction.timeout.ms, or the next run does",
-                self.egress_id,
-                self.transactional_ids[slot],
-                _ABORT_TIMEOUT_S,
-            )
 
     # -- flush and close --------------------------------------------------------------------------
 
@@ -512,12 +284,12 @@ class KafkaSink(Sink):
             return
         rows, self._buffer = self._buffer, []
         if self.semantic == "none":
-            await self._call(self._produce, rows, False)
+            await self._call(self._producers.produce, rows, False)
             self.produced += len(rows)
             return
         self._in_flight = rows
         try:
-            await self._call(self._produce, rows, True)
+            await self._call(self._producers.produce, rows, True)
         except BaseException:
             self._buffer[:0] = rows  # produced again by the next flush: at least once
             raise
@@ -533,7 +305,7 @@ class KafkaSink(Sink):
             return
         rows, self._buffer = self._buffer, []
         self._open.extend(rows)  # a copy: the producer thread reads ``rows``
-        await self._call(self._tx_send, slot, rows, False)
+        await self._call(self._producers.tx_send, slot, rows, False)
 
     async def close(self) -> None:
         try:
@@ -556,7 +328,7 @@ class KafkaSink(Sink):
                         len(self._buffer),
                         exc,
                     )
-            await self._call(self._close_producers)
+            await self._call(self._producers.close)
         finally:
             self._executor.shutdown(wait=False)
 
@@ -565,7 +337,7 @@ class KafkaSink(Sink):
     def _free_slot(self) -> int | None:
         used = {sealed.slot for sealed in self._pending.values()}
         used.add(self._slot)
-        return next((slot for slot in _SLOTS if slot not in used), None)
+        return next((slot for slot in SLOTS if slot not in used), None)
 
     def _next_slot(self) -> int | None:
         """A slot for the filling transaction: a free one, unless a sealed transaction waits
@@ -590,7 +362,7 @@ class KafkaSink(Sink):
             if slot is not None:
                 # The last rows of N, then the acknowledgements of all of N: on the producer
                 # thread, before anything of N+1 (no I/O here).
-                sent = self._executor.submit(self._tx_send, slot, tail, True)
+                sent = self._executor.submit(self._producers.tx_send, slot, tail, True)
             self._pending[checkpoint_id] = _Sealed(self._lineage, rows, slot, sent)
             self._slot = self._next_slot()
         if not self._pending:
@@ -615,7 +387,7 @@ class KafkaSink(Sink):
                 unsent = sealed.rows
             marker_topic = sealed.rows[0][0]
             await self._call(
-                self._tx_commit, sealed.slot, cid, sealed.lineage, marker_topic, unsent
+                self._producers.tx_commit, sealed.slot, cid, sealed.lineage, marker_topic, unsent
             )
             del self._pending[cid]
             self.produced += len(sealed.rows)
@@ -640,7 +412,7 @@ class KafkaSink(Sink):
                 self.egress_id,
                 len(records),
             )
-            await self._call(self._produce, records, True)
+            await self._call(self._producers.produce, records, True)
         transactions: list[Transaction] = [
             (int(cid), str(lineage), [_row(r) for r in rows])
             for cid, lineage, rows in state.get("transactions") or []
@@ -652,7 +424,9 @@ class KafkaSink(Sink):
         if slot is None:
             raise RuntimeError(f"egress {self.egress_id}: recover() after a checkpoint's cut")
         legacy = "format" not in state
-        committed = await self._call(self._recover_transactions, transactions, slot, legacy)
+        committed = await self._call(
+            self._producers.recover_transactions, transactions, slot, legacy
+        )
         for cid, _, _ in transactions:
             self._pending.pop(cid, None)
         log.info(
@@ -664,16 +438,6 @@ class KafkaSink(Sink):
         )
 
 
-def _close_quietly(producer: Any, timeout: float) -> None:
-    from statefun.egress._kafka_append import abandon
-
-    try:
-        producer.close(timeout=timeout)
-    except Exception as exc:  # e.g. stuck on a split batch: its finalizer would fail too
-        log.debug("closing a Kafka producer: %r", exc)
-        abandon(producer)
-
-
 def _row(row: Any) -> Row:
     """A row from a checkpoint (msgpack turns tuples into lists)."""
     topic, key, value, headers = row
@@ -683,3 +447,25 @@ def _row(row: Any) -> Row:
         bytes(value),
         None if headers is None else [(str(n), bytes(v)) for n, v in headers],
     )
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+def _build(spec: KafkaEgressSpec, context: ConnectorContext) -> KafkaSink:
+    return KafkaSink.from_spec(spec)
+
+
+def _label(spec: KafkaEgressSpec) -> str:
+    return f"kafka egress {spec.id}\n{spec.delivery_semantic}"
+
+
+KIND = ConnectorKind(
+    "io.statefun.kafka.v1/egress",
+    "egress",
+    KafkaEgressSpec,
+    parse_egress,
+    _build,
+    _label,
+    strict=False,
+)

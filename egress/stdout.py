@@ -6,9 +6,12 @@ import json
 import sys
 from typing import TextIO
 
+from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.egress.base import EgressRecord, Sink, describe_typed_value
+from statefun.module._fields import Fields
+from statefun.module._specs import StdoutEgressSpec
 
-__all__ = ["StdoutSink"]
+__all__ = ["KIND", "StdoutSink"]
 
 
 class StdoutSink(Sink):
@@ -32,3 +35,23 @@ class StdoutSink(Sink):
 
     async def flush(self) -> None:
         self._drain()
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+def _parse(spec: Fields) -> StdoutEgressSpec:
+    return StdoutEgressSpec(id=spec.typename("id"), source=spec.doc.source)
+
+
+def _build(spec: StdoutEgressSpec, context: ConnectorContext) -> StdoutSink:
+    return StdoutSink(spec.id)
+
+
+def _label(spec: StdoutEgressSpec) -> str:
+    return f"stdout egress {spec.id}"
+
+
+KIND = ConnectorKind(
+    "io.pystatefun.stdout.v1/egress", "egress", StdoutEgressSpec, _parse, _build, _label
+)

@@ -43,7 +43,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from statefun.ingress.kafka import import_kafka, internals_unsupported
+from statefun._kafka import import_kafka, internals_unsupported
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
 from kafka.consumer.fetcher import ConsumerRecord, Fetcher, IsolationLevel  # noqa: E402

@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from statefun._exceptions import ConfigurationError
+from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.ingress._records import RecordError, typed_value_from_record
 from statefun.ingress.base import IngressContext, Source
+from statefun.module._fields import Fields, file_path
+from statefun.module._specs import FileIngressSpec
 from statefun.sdk._types import validate_typename
 
-__all__ = ["FileSource"]
+__all__ = ["KIND", "FileSource"]
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +93,23 @@ class FileSource(Source):
         if not isinstance(id_, str) or not id_:
             raise RecordError("'id' (a non-empty string) is missing")
         return target, id_, typed_value_from_record(record)
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+def _parse(spec: Fields) -> FileIngressSpec:
+    return FileIngressSpec(id=spec.typename("id"), path=file_path(spec), source=spec.doc.source)
+
+
+def _build(spec: FileIngressSpec, context: ConnectorContext) -> FileSource:
+    return FileSource(spec.id, spec.path)
+
+
+def _label(spec: FileIngressSpec) -> str:
+    return f"file ingress {spec.id}\n{spec.path}"
+
+
+KIND = ConnectorKind(
+    "io.pystatefun.file.v1/ingress", "ingress", FileIngressSpec, _parse, _build, _label
+)

@@ -26,13 +26,10 @@ See docs/kafka.md.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import re
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
@@ -40,202 +37,34 @@ from typing import Any, Literal, TypeVar
 from google.protobuf.message import DecodeError
 
 from statefun._exceptions import ConfigurationError, UnavailableError
+from statefun._kafka import (
+    DEAD_LETTER_TOPIC,
+    DISCOVERY_INTERVAL,
+    JSON_VALUE_TYPES,
+    import_kafka,
+    interval_ms,
+    kafka_client_config,
+)
+from statefun._kafka._dead_letters import DeadLetterProducer, dead_letter_entries, headers
+from statefun._kafka._yaml import parse_ingress
+from statefun.connectors import ConnectorContext, ConnectorKind
 from statefun.ingress._records import BUILTIN_TYPES
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
 from statefun.sdk._types import TypedValue
 
-__all__ = [
-    "DEAD_LETTER_TOPIC",
-    "DISCOVERY_INTERVAL",
-    "JSON_VALUE_TYPES",
-    "KafkaSource",
-    "import_kafka",
-    "kafka_client_config",
-]
+__all__ = ["DEFAULT_POLL_RECORDS", "KIND", "KafkaSource"]
 
 log = logging.getLogger(__name__)
-
-#: Property: the topic that receives records the ingress (or egress) cannot handle.
-DEAD_LETTER_TOPIC = "pystatefun.dead-letter.topic"
-#: Property: valueTypes (comma-separated; ``*``: every one that is not built in) whose values
-#: must be JSON text; a record whose value is not is a dead letter, not a message.
-JSON_VALUE_TYPES = "pystatefun.json-value-types"
-#: Property: how often to look for new partitions and for topics that did not exist yet.
-DISCOVERY_INTERVAL = "pystatefun.partition-discovery.interval.ms"
 
 _POLL_TIMEOUT_MS = 200
 _T = TypeVar("_T")
 Startup = Literal["earliest", "latest", "group-offsets", "specific-offsets", "date"]
 
-
-# -- kafka-python and Kafka properties -----------------------------------------------------------
-
-
 #: records per poll unless ``max.poll.records`` says otherwise: each poll is a trip to the
 #: consumer's thread, and at kafka-python's 500 those trips cost the benchmark against StateFun
 #: 15-25% of its throughput (BENCHMARKS.md)
 DEFAULT_POLL_RECORDS = 2000
-
-
-def import_kafka() -> Any:
-    """The ``kafka`` package (imported on first use: it takes ~0.1 s and most jobs need none)."""
-    with warnings.catch_warnings():
-        # kafka-python 3.0 reads its protocol schemas with importlib.resources.read_text/open_text
-        warnings.filterwarnings("ignore", r"(open|read)_text is deprecated", DeprecationWarning)
-        import kafka
-        import kafka.errors
-        import kafka.structs
-    global _QUIETED
-    if not _QUIETED:
-        _QUIETED = True
-        cluster = logging.getLogger("kafka.cluster")
-        cluster.addFilter(_drop_cancelled_refresh)
-        cluster.addFilter(_NewTopicFilter())
-        library = logging.getLogger("kafka")
-        if library.level == logging.NOTSET:  # its INFO lines (every connection) drown ours
-            library.setLevel(logging.WARNING)
-    return kafka
-
-
-_QUIETED = False
-
-
-def internals_unsupported(
-    feature: str, checks: Iterable[tuple[str, Any, Iterable[str]]]
-) -> str | None:
-    """None if ``feature``, written against private parts of kafka-python 3.0.x, can use them:
-    the version is 3.0.x and each (label, object, attribute names) of ``checks`` has those
-    attributes; else why not (the egress's bulk appends and the ingress's batch reader)."""
-    kafka = import_kafka()
-    version = getattr(kafka, "__version__", "?")
-    if not version.startswith("3.0."):
-        return f"kafka-python {version} ({feature} is written for 3.0)"
-    missing = [
-        f"{label}{name}"
-        for label, owner, names in checks
-        for name in names
-        if not hasattr(owner, name)
-    ]
-    if missing:
-        return f"kafka-python has no {', '.join(missing)}"
-    return None
-
-
-def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
-    """kafka-python logs an ERROR when a client closes during a metadata refresh: noise."""
-    args = record.args
-    return not (
-        record.msg == "Metadata refresh: failed %s"
-        and isinstance(args, tuple)
-        and bool(args)
-        and type(args[0]).__name__ == "Cancelled"
-    )
-
-
-class _NewTopicFilter(logging.Filter):
-    """kafka-python logs an ERROR the first time it asks for a topic the broker does not know
-    yet, also when the broker then creates it (``auto.create.topics.enable``): the first
-    write to a new topic is a normal event. The first such line per topic is logged at DEBUG
-    instead; a topic still missing at the next metadata refresh is an ERROR as before."""
-
-    _MESSAGE = "Topic %s not found in cluster metadata"
-    _LIMIT = 10_000  # topics remembered; past that, every line passes
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != self._MESSAGE or not isinstance(record.args, tuple) or not record.args:
-            return True
-        topic = str(record.args[0])
-        if topic in self._seen or len(self._seen) >= self._LIMIT:
-            return True
-        self._seen.add(topic)
-        log.debug("topic %s is not in the cluster's metadata yet (the broker may create it)", topic)
-        return False
-
-
-_JAAS_USER = re.compile(r'username\s*=\s*"([^"]*)"')
-_JAAS_PASSWORD = re.compile(r'password\s*=\s*"([^"]*)"')
-# kafka-python settings that take objects, not text: never from properties.
-_OBJECT_KEYS = {"key_deserializer", "value_deserializer", "key_serializer", "value_serializer"}
-_INT_KEYS = {"receive_buffer_bytes", "send_buffer_bytes"}
-
-
-def kafka_client_config(
-    properties: Mapping[str, str], defaults: Mapping[str, Any], *, owner: str, warn: bool = True
-) -> dict[str, Any]:
-    """kafka-python settings from Kafka (Java) client properties.
-
-    ``security.protocol`` becomes ``security_protocol`` and so on, converted to the type of
-    kafka-python's default; ``sasl.jaas.config`` gives the PLAIN/SCRAM user name and password.
-    ``pystatefun.*`` properties and names kafka-python does not know are left out (the latter
-    with a warning that names the property). Values are never logged: they may be secrets.
-    """
-    config: dict[str, Any] = {}
-    for name, text in properties.items():
-        if name.startswith("pystatefun."):
-            continue
-        if name == "sasl.jaas.config":
-            user, password = _JAAS_USER.search(text), _JAAS_PASSWORD.search(text)
-            if user and password:
-                config["sasl_plain_username"] = user.group(1)
-                config["sasl_plain_password"] = password.group(1)
-            elif warn:
-                log.warning(
-                    '%s: property sasl.jaas.config: only username="..." password="..." '
-                    "(PLAIN, SCRAM) is understood; ignored",
-                    owner,
-                )
-            continue
-        key = name.replace(".", "_").replace("-", "_")
-        default = defaults.get(key, ...)
-        settable = default is None or isinstance(default, str | int | float)
-        if key in _OBJECT_KEYS or default is ... or not settable:
-            if warn:
-                log.warning("%s: Kafka property %s is not supported here; ignored", owner, name)
-            continue
-        try:
-            config[key] = _coerce(key, text, default)
-        except ValueError:
-            kind = "true or false" if isinstance(default, bool) else "a number"
-            raise ConfigurationError(f"{owner}: Kafka property {name}: expected {kind}") from None
-    return config
-
-
-def _coerce(key: str, text: str, default: Any) -> Any:
-    if key == "acks":
-        return "all" if text.strip().lower() == "all" else int(text)
-    if key == "compression_type":
-        return None if text.strip().lower() == "none" else text
-    if isinstance(default, bool):
-        lowered = text.strip().lower()
-        if lowered not in ("true", "false"):
-            raise ValueError(text)
-        return lowered == "true"
-    if isinstance(default, int) or key in _INT_KEYS:
-        return int(text)
-    if isinstance(default, float):
-        try:
-            return int(text)
-        except ValueError:
-            return float(text)
-    return text
-
-
-def _interval_ms(properties: Mapping[str, str], name: str, default: int, owner: str) -> int:
-    text = properties.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigurationError(f"{owner}: property {name}: expected milliseconds > 0")
-    return value
 
 
 def _partition_key(text: str) -> tuple[str, int]:
@@ -308,7 +137,7 @@ class KafkaSource(Source):
         self.json_types = frozenset(
             t.strip() for t in props.get(JSON_VALUE_TYPES, "").split(",") if t.strip()
         )
-        self.discovery_interval_s = _interval_ms(props, DISCOVERY_INTERVAL, 10_000, owner) / 1000
+        self.discovery_interval_s = interval_ms(props, DISCOVERY_INTERVAL, 10_000, owner) / 1000
         kafka = import_kafka()
         self._consumer_config = kafka_client_config(
             props, kafka.KafkaConsumer.DEFAULT_CONFIG, owner=owner
@@ -320,11 +149,16 @@ class KafkaSource(Source):
             enable_auto_commit=False,
             auto_offset_reset=auto_offset_reset,
         )
-        self._producer_config = kafka_client_config(
+        producer_config = kafka_client_config(
             props, kafka.KafkaProducer.DEFAULT_CONFIG, owner=owner, warn=False
         )
-        self._producer_config.pop("transactional_id", None)
-        self._producer_config["bootstrap_servers"] = bootstrap_servers
+        producer_config.pop("transactional_id", None)
+        producer_config["bootstrap_servers"] = bootstrap_servers
+        self._dead_letters = (
+            None
+            if self.dead_letter_topic is None
+            else DeadLetterProducer(self.dead_letter_topic, producer_config)
+        )
         self.batch_size = int(self._consumer_config.get("max_poll_records", DEFAULT_POLL_RECORDS))
         # (topic, partition) -> offset of the next record to emit: only the loop changes it.
         self._positions: dict[tuple[str, int], int] = {}
@@ -337,7 +171,6 @@ class KafkaSource(Source):
         self._last_snapshot: dict[str, int] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-source-{ingress_id}")
         self._consumer: Any = None
-        self._producer: Any = None  # for dead letters; thread-safe, used via asyncio.to_thread
         self.emitted = 0
         self.rejected = 0
 
@@ -474,9 +307,8 @@ class KafkaSource(Source):
         if self._consumer is not None:
             self._consumer.close(autocommit=False)
             self._consumer = None
-        if self._producer is not None:
-            self._producer.close(timeout=10)
-            self._producer = None
+        if self._dead_letters is not None:
+            self._dead_letters.close()
 
     # -- the Source interface ---------------------------------------------------------------------
 
@@ -645,11 +477,29 @@ class KafkaSource(Source):
         self, record: Any, reason: str, route: _Route, context: IngressContext
     ) -> None:
         self.rejected += 1
-        self._dead_letter(record, reason, route, context)  # (logs it: one line, rate limited)
-        if self.dead_letter_topic is None:
+        # the runtime's dead letters (they log it: one line, rate limited)
+        missed = route.unknown if route.targets and reason.startswith("no endpoint") else None
+        for entry, value in dead_letter_entries(
+            self.ingress_id,
+            record,
+            reason,
+            route.value_type,
+            missed or [*route.targets, *route.unknown],
+        ):
+            context.dead_letter_record(entry, value)
+        if self._dead_letters is None:
             return
+        extra = headers(
+            ingress=self.ingress_id,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            reason=reason,
+        )
         try:
-            await asyncio.to_thread(self._send_dead_letter, record, reason)
+            await asyncio.to_thread(
+                self._dead_letters.send, record.key, record.value, [*(record.headers or []), *extra]
+            )
         except Exception as exc:
             log.error(
                 "ingress %s: cannot write record %s/%d at offset %d to dead-letter topic %s: %s",
@@ -660,52 +510,6 @@ class KafkaSource(Source):
                 self.dead_letter_topic,
                 exc,
             )
-
-    def _dead_letter(
-        self, record: Any, reason: str, route: _Route, context: IngressContext
-    ) -> None:
-        """The record to the runtime's dead letters: one record per target it did not reach
-        (with the id, when the key is one, so that it can be replayed), else one without."""
-        where = (
-            f"ingress {self.ingress_id}: record {record.topic}/{record.partition} "
-            f"at offset {record.offset}"
-        )
-        fields: dict[str, Any] = {
-            "ingress": self.ingress_id,
-            "topic": record.topic,
-            "partition": record.partition,
-            "offset": record.offset,
-            "reason": f"{where} skipped: {reason}",
-        }
-        if record.key is not None:
-            fields["key_base64"] = base64.b64encode(record.key).decode("ascii")
-        value = TypedValue(route.value_type, record.value)
-        try:
-            id_ = None if record.key is None else record.key.decode("utf-8")
-        except UnicodeDecodeError:
-            id_ = None
-        missed = route.unknown if route.targets and reason.startswith("no endpoint") else None
-        targets: list[str | None] = [None]
-        if id_ is not None:
-            targets = [*(missed or [*route.targets, *route.unknown])] or [None]
-        for target in targets:
-            entry = dict(fields) if target is None else {"target": target, "id": id_, **fields}
-            context.dead_letter_record(entry, value)
-
-    def _send_dead_letter(self, record: Any, reason: str) -> None:
-        if self._producer is None:
-            self._producer = import_kafka().KafkaProducer(**self._producer_config)
-        headers = [*(record.headers or [])]
-        headers += [
-            ("pystatefun.ingress", self.ingress_id.encode()),
-            ("pystatefun.topic", record.topic.encode()),
-            ("pystatefun.partition", str(record.partition).encode()),
-            ("pystatefun.offset", str(record.offset).encode()),
-            ("pystatefun.reason", reason.encode()),
-        ]
-        self._producer.send(
-            self.dead_letter_topic, key=record.key, value=record.value, headers=headers
-        ).get(timeout=30)
 
     async def close(self) -> None:
         try:
@@ -778,3 +582,25 @@ class KafkaSource(Source):
 
 def _keyed(offsets: Mapping[Any, int]) -> dict[tuple[str, int], int]:
     return {(tp.topic, tp.partition): int(o) for tp, o in offsets.items()}
+
+
+# -- the connector kind ---------------------------------------------------------------------------
+
+
+def _build(spec: KafkaIngressSpec, context: ConnectorContext) -> KafkaSource:
+    return KafkaSource.from_spec(spec)
+
+
+def _label(spec: KafkaIngressSpec) -> str:
+    return f"kafka ingress {spec.id}\n{', '.join(t.topic for t in spec.topics)}"
+
+
+KIND = ConnectorKind(
+    "io.statefun.kafka.v1/ingress",
+    "ingress",
+    KafkaIngressSpec,
+    parse_ingress,
+    _build,
+    _label,
+    strict=False,
+)

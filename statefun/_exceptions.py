@@ -11,7 +11,8 @@ The tree::
     │   └── CheckpointDamagedError     a checkpoint file missing, changed or not decodable
     ├── ProtocolError                  bytes that break the request-reply protocol (also ValueError)
     │   ├── MalformedRequestError      a ToFunction that cannot be decoded or is incomplete
-    │   └── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
+    │   ├── MalformedResponseError     a FromFunction that cannot be decoded or is incomplete
+    │   └── HttpProtocolError          a remote function's reply is no valid HTTP/1.x response
     ├── ValueDecodeError               bytes that are no value of their type (also ValueError)
     │   └── InvalidValueError          a message's value does not decode as its own type
     │                                  (Message.as_type): the sender's error
@@ -44,6 +45,7 @@ __all__ = [
     "FunctionFailedError",
     "FunctionInvocationError",
     "FunctionNotFoundError",
+    "HttpProtocolError",
     "InvalidFunctionError",
     "InvalidSpecError",
     "InvalidTypeNameError",
@@ -112,6 +114,10 @@ class MalformedRequestError(ProtocolError):
 
 class MalformedResponseError(ProtocolError):
     """A FromFunction response cannot be decoded, or lacks what every response must have."""
+
+
+class HttpProtocolError(ProtocolError):
+    """The peer of an HTTP call sent bytes that are not a valid HTTP/1.x response."""
 
 
 class ValueDecodeError(StatefunError, ValueError):

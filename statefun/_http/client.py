@@ -14,7 +14,8 @@ file's path ends with ``.sock``, the rest of the path is the request path:
 
 Failures are exceptions the caller sorts into retryable or not: ``OSError`` (connect and
 I/O errors, including a connection that closes before a full response), ``TimeoutError``,
-``ProtocolError`` (bytes that are not an HTTP response) and ``ResponseTooLarge``.
+``HttpProtocolError`` (bytes that are not an HTTP response; in the tree of
+``statefun._exceptions``) and ``ResponseTooLarge``.
 """
 
 from __future__ import annotations
@@ -28,15 +29,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from statefun._exceptions import HttpProtocolError
 from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
 
-__all__ = ["HttpPool", "ProtocolError", "Response", "ResponseTooLarge", "Target", "parse_target"]
+__all__ = [
+    "HttpPool",
+    "HttpProtocolError",
+    "Response",
+    "ResponseTooLarge",
+    "Target",
+    "parse_target",
+]
 
 _MAX_HEAD_BYTES = 64 << 10
-
-
-class ProtocolError(Exception):
-    """The peer sent bytes that are not a valid HTTP/1.x response."""
 
 
 class ResponseTooLarge(Exception):
@@ -152,7 +157,7 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         try:
             self._parse()
-        except (ProtocolError, ResponseTooLarge) as exc:
+        except (HttpProtocolError, ResponseTooLarge) as exc:
             self._fail(exc)
 
     def eof_received(self) -> bool | None:
@@ -212,7 +217,7 @@ class _Connection(asyncio.Protocol):
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _MAX_HEAD_BYTES:
-                    raise ProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
+                    raise HttpProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
                 return
             self._parse_head(bytes(buffer[:end]))
             self.body_start = end + 4
@@ -224,7 +229,7 @@ class _Connection(asyncio.Protocol):
             have = len(buffer) - self.body_start
             if have >= length:
                 if have > length:
-                    raise ProtocolError(f"{have - length} bytes after the response body")
+                    raise HttpProtocolError(f"{have - length} bytes after the response body")
                 start = self.body_start
                 self._finish(bytes(buffer[start:]) if start else bytes(buffer))
         elif length == -2:
@@ -239,7 +244,7 @@ class _Connection(asyncio.Protocol):
         status_line = lines[0]
         parts = status_line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+            raise HttpProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
         self.status = int(parts[1])
         self.reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
         keep_alive = parts[0] == b"HTTP/1.1"
@@ -247,12 +252,12 @@ class _Connection(asyncio.Protocol):
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep:
-                raise ProtocolError(f"not a header line: {line[:80]!r}")
+                raise HttpProtocolError(f"not a header line: {line[:80]!r}")
             name = name.strip().lower()
             if name == b"content-length":
                 value = value.strip()
                 if not value.isdigit():
-                    raise ProtocolError(f"bad Content-Length {value[:40]!r}")
+                    raise HttpProtocolError(f"bad Content-Length {value[:40]!r}")
                 if length == -2:
                     continue  # chunked wins (RFC 9112 6.3)
                 length = int(value)
@@ -279,14 +284,14 @@ class _Connection(asyncio.Protocol):
         try:
             pos, body = self.chunked.feed(self.buffer, self.body_start)
         except ChunkError as exc:
-            raise ProtocolError(str(exc)) from None
+            raise HttpProtocolError(str(exc)) from None
         except ChunksTooLarge as exc:
             raise ResponseTooLarge(str(exc)) from None
         if body is None:
             del self.buffer[:pos]
             self.body_start = 0
         elif len(self.buffer) > pos:
-            raise ProtocolError("bytes after the last chunk")
+            raise HttpProtocolError("bytes after the last chunk")
         else:
             self._finish(body)
 

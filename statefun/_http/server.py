@@ -19,7 +19,9 @@ connections (closed after ``keepalive_timeout``), the ``Host`` allow-list (421) 
 token (401). A request it cannot parse gets a 400 and the connection is closed.
 
 Requests to ``def`` functions run inline, in the protocol's callback; ``async def`` functions
-run in a task each, and the connection reads no further request meanwhile.
+run in a task each, and the connection reads no further request meanwhile. A request's head
+and a reply's bytes are ``_messages.py``; here are the connections and the server that holds
+them (one protocol object and its caps, read best together).
 """
 
 from __future__ import annotations
@@ -30,10 +32,18 @@ import math
 import ssl
 import time
 from collections.abc import Coroutine
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
+from statefun._http._messages import (
+    Application,
+    BadRequest,
+    Reply,
+    Request,
+    encode_reply,
+    media_type,
+    parse_head,
+    plain,
+)
 from statefun._http.chunked import ChunkedBody, ChunkError, ChunksTooLarge
 from statefun._http.defences import HostCheck, ServerOptions, token_matches, warn_if_exposed
 from statefun._http.slots import Slots
@@ -53,164 +63,6 @@ log = logging.getLogger(__name__)
 _MAX_HEAD_BYTES = 64 << 10
 _MAX_DISCARD = 1 << 20  # a refused body up to this size is read and dropped
 _LINGER_SECONDS = 2.0
-_REASONS = {status.value: status.phrase for status in HTTPStatus}
-_REASONS[413] = "Content Too Large"  # RFC 9110's name (Python 3.11 has the older one)
-_REASONS[421] = "Misdirected Request"
-
-
-class Reply(NamedTuple):
-    status: int
-    content_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-_MAX_REASON = 500  # characters of an error message kept in a reply
-
-
-def plain(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
-    """A text/plain reply of one line (whitespace folded, shortened to a sane length)."""
-    line = " ".join(reason.split())
-    if len(line) > _MAX_REASON:
-        line = line[: _MAX_REASON - 3] + "..."
-    return Reply(status, "text/plain", (line + "\n").encode("utf-8"), headers)
-
-
-class Request:
-    """The head of one request: method, path, query string and headers (names lowercased)."""
-
-    __slots__ = (
-        "chunked",
-        "content_type",
-        "expect",
-        "headers",
-        "keep_alive",
-        "length",
-        "method",
-        "path",
-        "query",
-        "state",
-    )
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.path = ""
-        self.query = ""
-        self.headers: dict[str, str] = {}
-        self.content_type: str | None = None
-        self.length: int | None = None
-        self.chunked = False
-        self.keep_alive = True
-        self.expect = False
-        #: what the application's ``check`` found out, for its ``handle`` (a parsed route)
-        self.state: Any = None
-
-
-class Application(Protocol):
-    """What the server serves: one object answers every request."""
-
-    max_body_bytes: int
-
-    def check(self, request: Request) -> Reply | None:
-        """A reply refusing ``request`` before its body is read (a 4xx), or None. (Bodies
-        over ``max_body_bytes`` the server refuses itself, with ``too_large``.)"""
-
-    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
-        """The reply, or a coroutine giving it (the connection waits, in order)."""
-
-    def too_large(self, length: int | None) -> Reply:
-        """The 413 for a body over ``max_body_bytes`` (``length`` when it is known)."""
-
-
-def media_type(content_type: str) -> str:
-    """``text/plain`` of ``Text/Plain; charset=utf-8``."""
-    return content_type.split(";", 1)[0].strip().lower()
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-class _Date:
-    """The Date header, formatted once per second."""
-
-    second = -1
-    value = b""
-
-    @classmethod
-    def now(cls) -> bytes:
-        second = int(time.time())
-        if second != cls.second:
-            cls.second = second
-            cls.value = formatdate(second, usegmt=True).encode("ascii")
-        return cls.value
-
-
-def _encode(reply: Reply, keep_alive: bool, head_only: bool = False) -> bytes:
-    status, content_type, body, headers = reply
-    lines = [
-        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
-        % (
-            status,
-            _REASONS.get(status, "Unknown").encode(),
-            content_type.encode(),
-            len(body),
-            _Date.now(),
-        )
-    ]
-    for name, value in headers:
-        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
-    if not keep_alive:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    if not head_only:
-        lines.append(body)
-    return b"".join(lines)
-
-
-def _parse_head(head: bytes) -> Request:
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise _BadRequest(400, f"not an HTTP/1.x request line: {lines[0][:80]!r}")
-    request = Request()
-    request.method = parts[0].decode("latin-1")
-    target = parts[1].decode("latin-1")
-    request.path, _, request.query = target.partition("?")
-    request.keep_alive = parts[2] == b"HTTP/1.1"
-    headers = request.headers
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise _BadRequest(400, f"not a header line: {line[:80]!r}")
-        name = name.lower()
-        value = value.strip()
-        headers[name.decode("latin-1")] = value.decode("latin-1")
-        if name == b"content-length":
-            if not value.isdigit() or (request.length is not None and int(value) != request.length):
-                raise _BadRequest(400, f"bad Content-Length {value[:40]!r}")
-            request.length = int(value)
-        elif name == b"transfer-encoding":
-            if value.lower() != b"chunked":
-                raise _BadRequest(400, f"unsupported Transfer-Encoding {value[:40]!r}")
-            request.chunked = True
-        elif name == b"content-type":
-            request.content_type = value.decode("latin-1")
-        elif name == b"connection":
-            token = value.lower()
-            if token == b"close":
-                request.keep_alive = False
-            elif token == b"keep-alive":
-                request.keep_alive = True
-        elif name == b"expect" and value.lower() == b"100-continue":
-            request.expect = True
-    if request.chunked and request.length is not None:
-        raise _BadRequest(400, "both Content-Length and Transfer-Encoding")
-    return request
-
-
 _HEAD, _BODY, _BUSY = 0, 1, 2  # what a connection waits for: a request head, a body, the app
 _REORDER = 0.25  # seconds: how stale a waiting connection's place in the order may be
 
@@ -391,7 +243,7 @@ class _Connection(asyncio.Protocol):
                 assert request is not None
                 self.request = None
                 self._answer(request, body)
-        except _BadRequest as exc:
+        except BadRequest as exc:
             self._reject(exc.status, str(exc))
 
     def _next_body(self) -> bytes | None:
@@ -404,11 +256,11 @@ class _Connection(asyncio.Protocol):
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _MAX_HEAD_BYTES:
-                    raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
+                    raise BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
                 return None
             if end > _MAX_HEAD_BYTES:
-                raise _BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
-            request = self.request = _parse_head(bytes(buffer[:end]))
+                raise BadRequest(431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
+            request = self.request = parse_head(bytes(buffer[:end]))
             del buffer[: end + 4]
             self._head_read()
             self.chunked = ChunkedBody(self.app.max_body_bytes) if request.chunked else None
@@ -459,7 +311,7 @@ class _Connection(asyncio.Protocol):
         try:
             pos, body = self.chunked.feed(self.buffer, 0)
         except ChunkError as exc:
-            raise _BadRequest(400, str(exc)) from None
+            raise BadRequest(400, str(exc)) from None
         except ChunksTooLarge:
             self.request = None
             self._write(self.app.too_large(None), keep_alive=False, linger=True)
@@ -511,7 +363,7 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        transport.write(_encode(reply, keep_alive, head_only))
+        transport.write(encode_reply(reply, keep_alive, head_only))
         if keep_alive:
             self._waiting_for_head()
             return
@@ -675,7 +527,7 @@ class HttpServer:
     def _busy_reply(self) -> bytes:
         if not self._busy_bytes:
             reply = plain(503, "too many connections; try again later", (("Retry-After", "1"),))
-            self._busy_bytes = _encode(reply, keep_alive=False)
+            self._busy_bytes = encode_reply(reply, keep_alive=False)
         return self._busy_bytes
 
     def forget(self, connection: _Connection) -> None:

@@ -341,7 +341,7 @@ def _create_topics(bootstrap: str, topics: list[tuple[str, int]]) -> list[str]:
     if not topics:
         return []
     wanted = dict(topics)  # the last NAME:PARTITIONS given for a name wins
-    from statefun.ingress.kafka import import_kafka
+    from statefun._kafka import import_kafka
 
     kafka = import_kafka()
     admin: Any = kafka.KafkaAdminClient(bootstrap_servers=bootstrap, client_id="statefun-kafka")

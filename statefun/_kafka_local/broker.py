@@ -22,29 +22,41 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
-import hashlib
 import logging
 import os
-import re
 import shutil
 import socket
-import struct
 import subprocess
 import tempfile
 import time
 import uuid
 import weakref
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from statefun._kafka_local._jars import (
+    CACHE_ENV,
+    LOG_TAIL_LINES,
+    MIN_JAVA,
+    POM_ENV,
+    KafkaBrokerError,
+    default_cache_dir,
+    default_pom,
+    ensure_kafka_jars,
+    jars_fetched,
+    kafka_version,
+    missing_tools,
+    require_java,
+    tail,
+)
+from statefun._kafka_local._probe import probe, probe_metadata
+
 __all__ = [
     "CACHE_ENV",
     "DEFAULT_JVM_OPTIONS",
+    "MIN_JAVA",
     "POM_ENV",
     "KafkaBroker",
     "KafkaBrokerError",
@@ -59,26 +71,14 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-CACHE_ENV = "PYSTATEFUN_KAFKA_CACHE"
-"""Environment variable: the directory that holds (or receives) the broker's jars."""
-
-POM_ENV = "PYSTATEFUN_KAFKA_POM"
-"""Environment variable: the pom to fetch the jars with, instead of the one beside this module."""
-
 HOST = "127.0.0.1"
 DEFAULT_JVM_OPTIONS = ("-Xms64m", "-XX:+UseSerialGC")
 """The broker JVM's options besides -Xmx: the serial GC keeps a small broker small (about
 190 MB resident under the test suite with -Xmx512m, against over 300 MB with G1)."""
-MIN_JAVA = 17  # Kafka 4.x brokers need Java 17+.
 
 _CONTROLLER_PORT_FILE = "controller-port"  # in a kept data directory
-_MARKER = ".complete"  # written last into the jar directory: the fetch is done
-_FETCH_TIMEOUT = 1800.0
 _FORMAT_TIMEOUT = 120.0
-_LOG_TAIL_LINES = 60
 _PORT_ATTEMPTS = 3
-
-_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 _LOG4J2_PROPERTIES = """\
 status = warn
@@ -93,231 +93,8 @@ logger.request.level = WARN
 """
 
 
-class KafkaBrokerError(RuntimeError):
-    """The broker's jars could not be fetched, or the broker could not be started."""
-
-
 class _PortInUseError(KafkaBrokerError):
     """The broker exited because another process took one of its ports first."""
-
-
-# --------------------------------------------------------------------------------------- jars
-
-
-def default_pom() -> Path:
-    """The pom that lists the broker's jars: ``$PYSTATEFUN_KAFKA_POM`` or the package's own."""
-    configured = os.environ.get(POM_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    return Path(__file__).resolve().parent / "pom.xml"
-
-
-def kafka_version(pom: Path | None = None) -> str:
-    """The Kafka version the pom fetches (its ``kafka.version`` property)."""
-    pom = pom or default_pom()
-    try:
-        root = ElementTree.parse(pom).getroot()
-    except (OSError, ElementTree.ParseError) as exc:
-        raise KafkaBrokerError(f"cannot read the Kafka pom {pom}: {exc}") from exc
-    node = root.find("m:properties/m:kafka.version", _POM_NS)
-    if node is None or not (node.text or "").strip():
-        raise KafkaBrokerError(f"{pom} has no <kafka.version> property")
-    return (node.text or "").strip()
-
-
-def default_cache_dir(version: str) -> Path:
-    """``$PYSTATEFUN_KAFKA_CACHE``, else ``~/.cache/pystatefun/kafka-<version>/libs``."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "pystatefun" / f"kafka-{version}" / "libs"
-
-
-def ensure_kafka_jars(cache_dir: Path | None = None, *, pom: Path | None = None) -> Path:
-    """Fetch the broker's jars from Maven Central once; return the directory that holds them.
-
-    ``cache_dir`` defaults to :func:`default_cache_dir`. A marker file, written after the
-    last jar, makes later calls return at once; it records a digest of the pom, so editing the
-    pom (say, a new Kafka version) fetches again. Concurrent callers wait on a file lock.
-    """
-    pom = (pom or default_pom()).resolve()
-    if not pom.is_file():
-        raise KafkaBrokerError(
-            f"Kafka pom not found at {pom}; reinstall pystatefun or set ${POM_ENV}"
-        )
-    version = kafka_version(pom)
-    libs = (cache_dir or default_cache_dir(version)).expanduser().resolve()
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
-    if _fetched(libs, digest):
-        return libs
-
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaBrokerError(
-            "mvn (Apache Maven) is not on PATH; it is needed once to fetch Kafka's jars from "
-            "Maven Central (Debian: apt-get install maven)"
-        )
-    _require_java()
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(libs.parent / f".{libs.name}.lock"):
-        if _fetched(libs, digest):  # another process fetched them while we waited
-            return libs
-        _fetch(mvn, pom, version, libs, digest)
-    return libs
-
-
-def jars_fetched(cache_dir: Path | None = None, *, pom: Path | None = None) -> bool:
-    """Whether :func:`ensure_kafka_jars` would return at once (no Maven needed)."""
-    pom = (pom or default_pom()).resolve()
-    try:
-        digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return False
-    libs = (cache_dir or default_cache_dir(kafka_version(pom))).expanduser().resolve()
-    return _fetched(libs, digest)
-
-
-def missing_tools(*, fetch: bool) -> list[str]:
-    """What is missing to run a broker (and, with ``fetch``, to fetch its jars): "java",
-    "Java 17+ (found Java N)" or "mvn"; empty when nothing is."""
-    missing: list[str] = []
-    java = _java_executable()
-    if java is None:
-        missing.append("java")
-    else:
-        try:
-            major = _java_major(java)
-        except KafkaBrokerError:
-            major = 0
-        if major < MIN_JAVA:
-            missing.append(f"Java {MIN_JAVA}+ (found Java {major or '?'} at {java})")
-    if fetch and shutil.which("mvn") is None:
-        missing.append("mvn")
-    return missing
-
-
-def _fetched(libs: Path, digest: str) -> bool:
-    try:
-        return (libs / _MARKER).read_text(encoding="utf-8").strip() == digest
-    except OSError:
-        return False
-
-
-def _fetch(mvn: str, pom: Path, version: str, libs: Path, digest: str) -> None:
-    _log.info("fetching Kafka %s jars from Maven Central into %s (once)", version, libs)
-    started = time.monotonic()
-    staging = Path(tempfile.mkdtemp(prefix=f".{libs.name}.fetch-", dir=libs.parent))
-    try:
-        command = [
-            mvn,
-            "-q",
-            "-B",
-            "-Dstyle.color=never",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging}",
-        ]
-        _log.debug("running %s", command)
-        try:
-            done = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=_FETCH_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise KafkaBrokerError(
-                f"mvn did not fetch Kafka's jars within {_FETCH_TIMEOUT:.0f} s"
-            ) from exc
-        output = done.stdout.decode("utf-8", "replace")
-        if done.returncode != 0:
-            raise KafkaBrokerError(
-                f"mvn failed ({done.returncode}) to fetch Kafka {version}'s jars with {pom}:\n"
-                + _tail(output)
-            )
-        jars = sorted(staging.glob("*.jar"))
-        if not any(jar.name == f"kafka_2.13-{version}.jar" for jar in jars):
-            raise KafkaBrokerError(f"mvn fetched no kafka_2.13-{version}.jar into {staging}")
-        libs.mkdir(parents=True, exist_ok=True)
-        (libs / _MARKER).unlink(missing_ok=True)
-        for old in libs.glob("*.jar"):  # only jars: the directory may be a user's choice
-            old.unlink()
-        for jar in jars:
-            os.replace(jar, libs / jar.name)
-        marker = libs / f"{_MARKER}.tmp"
-        marker.write_text(digest + "\n", encoding="utf-8")
-        os.replace(marker, libs / _MARKER)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    _log.info(
-        "fetched %d Kafka %s jars in %.1f s into %s",
-        len(jars),
-        version,
-        time.monotonic() - started,
-        libs,
-    )
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-# --------------------------------------------------------------------------------------- java
-
-
-def _require_java() -> str:
-    java = _java_executable()
-    if java is None:
-        raise KafkaBrokerError(
-            f"java is not on PATH (nor in $JAVA_HOME/bin); Kafka 4.x needs Java {MIN_JAVA}+ "
-            "(Debian: apt-get install openjdk-17-jre-headless)"
-        )
-    major = _java_major(java)
-    if major < MIN_JAVA:
-        raise KafkaBrokerError(f"{java} is Java {major}; Kafka 4.x needs Java {MIN_JAVA}+")
-    return java
-
-
-def _java_executable() -> str | None:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return shutil.which("java")
-
-
-@lru_cache(maxsize=8)
-def _java_major(java: str) -> int:
-    try:
-        done = subprocess.run(
-            [java, "-version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KafkaBrokerError(f"cannot run {java} -version: {exc}") from exc
-    text = (done.stderr + done.stdout).decode("utf-8", "replace")
-    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if found is None:
-        raise KafkaBrokerError(f"cannot tell the Java version from `{java} -version`:\n{text}")
-    major = int(found.group(1))
-    if major == 1 and found.group(2):  # "1.8.0_392" is Java 8
-        major = int(found.group(2))
-    return major
 
 
 # ------------------------------------------------------------------------------------- broker
@@ -419,13 +196,13 @@ class KafkaBroker:
             return True
         return self._process is not None and self._process.poll() is None
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of the broker's log ("" if there is none)."""
         log_file = self.log_file
         if log_file is None:
             return ""
         try:
-            return _tail(log_file.read_bytes().decode("utf-8", "replace"), lines)
+            return tail(log_file.read_bytes().decode("utf-8", "replace"), lines)
         except OSError:
             return ""
 
@@ -439,7 +216,7 @@ class KafkaBroker:
             return self
         if self._process is not None:
             raise KafkaBrokerError("the Kafka broker is already started")
-        java = _require_java()
+        java = require_java()
         libs = self._libs_dir or ensure_kafka_jars()
         if not any(libs.glob("kafka_2.13-*.jar")):
             raise KafkaBrokerError(f"no Kafka jars in {libs}")
@@ -577,7 +354,7 @@ class KafkaBroker:
                 error = _PortInUseError if watcher.port_in_use else KafkaBrokerError
                 raise error(f"the Kafka broker {what} while starting{self._diagnosis()}")
             try:
-                if _probe_metadata(HOST, self._port, timeout=5.0) > 0:
+                if probe_metadata(HOST, self._port, timeout=5.0) > 0:
                     return
             except (OSError, KafkaBrokerError) as exc:
                 last_error = exc
@@ -597,7 +374,7 @@ class KafkaBroker:
             return ""
         errors = _error_lines(text)
         found = f"\nerrors in {self.log_file}:\n{errors}" if errors else ""
-        return f"{found}\nend of {self.log_file}:\n{_tail(text)}"
+        return f"{found}\nend of {self.log_file}:\n{tail(text)}"
 
     def _kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -631,7 +408,7 @@ def _wait_external(bootstrap_servers: str, deadline: float, timeout: float) -> N
     last_error: BaseException | None = None
     while time.monotonic() < deadline:
         try:
-            if _probe_metadata(host.strip("[]"), int(port_text), timeout=5.0) > 0:
+            if probe_metadata(host.strip("[]"), int(port_text), timeout=5.0) > 0:
                 _log.info("using the external Kafka broker at %s", bootstrap_servers)
                 return
         except (OSError, KafkaBrokerError) as exc:
@@ -728,7 +505,7 @@ def _format_storage(java: str, common: Sequence[str], config: Path) -> None:
     if done.returncode != 0:
         raise KafkaBrokerError(
             f"formatting Kafka's storage failed ({done.returncode}):\n"
-            + _tail(done.stdout.decode("utf-8", "replace"))
+            + tail(done.stdout.decode("utf-8", "replace"))
         )
 
 
@@ -799,78 +576,3 @@ def _error_lines(text: str, limit: int = 12) -> str:
             if len(found) >= limit:
                 break
     return "\n".join(found)
-
-
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Maven's colours
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-# ------------------------------------------------------------------- readiness (Kafka protocol)
-
-
-def probe(host: str, port: int, timeout: float = 5.0) -> int:
-    """The number of brokers the Kafka broker at host:port reports in a metadata answer.
-
-    Raises OSError when nothing listens there, KafkaBrokerError when it does not answer as a
-    Kafka broker."""
-    return _probe_metadata(host, port, timeout)
-
-
-def _probe_metadata(host: str, port: int, timeout: float) -> int:
-    """The number of brokers a Metadata request to host:port reports.
-
-    Plain Kafka protocol over a socket (stdlib only, so it works without any client library):
-    ApiVersions v0 to learn the versions the broker speaks, then Metadata at the highest
-    non-flexible version (1..8) it supports, for no topics. Raises OSError or
-    KafkaBrokerError when the broker does not answer properly.
-    """
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        body = _request(sock, api_key=18, api_version=0, correlation_id=1, body=b"")
-        error, count = struct.unpack_from(">hi", body, 0)
-        if error != 0:
-            raise KafkaBrokerError(f"ApiVersions failed with error code {error}")
-        versions = {}
-        for index in range(count):
-            key, low, high = struct.unpack_from(">hhh", body, 6 + 6 * index)
-            versions[key] = (low, high)
-        if 3 not in versions:
-            raise KafkaBrokerError("the broker does not offer the Metadata API")
-        low, high = versions[3]
-        version = min(high, 8)
-        if version < max(low, 1):
-            return 1  # the broker answers, in versions this probe does not parse
-        request = struct.pack(">i", 0)  # topics: an empty array
-        if version >= 4:
-            request += b"\x00"  # allow_auto_topic_creation
-        if version >= 8:
-            request += b"\x00\x00"  # include cluster / topic authorized operations
-        body = _request(sock, api_key=3, api_version=version, correlation_id=2, body=request)
-        offset = 4 if version >= 3 else 0  # throttle_time_ms
-        (brokers,) = struct.unpack_from(">i", body, offset)
-        return int(brokers)
-
-
-def _request(
-    sock: socket.socket, *, api_key: int, api_version: int, correlation_id: int, body: bytes
-) -> bytes:
-    client_id = b"pystatefun-probe"
-    header = struct.pack(">hhih", api_key, api_version, correlation_id, len(client_id))
-    payload = header + client_id + body
-    sock.sendall(struct.pack(">i", len(payload)) + payload)
-    (size,) = struct.unpack(">i", _receive(sock, 4))
-    response = _receive(sock, size)
-    (answered,) = struct.unpack_from(">i", response, 0)
-    if answered != correlation_id:
-        raise KafkaBrokerError(f"answer to request {answered}, expected {correlation_id}")
-    return response[4:]
-
-
-def _receive(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        chunks += chunk
-    return bytes(chunks)

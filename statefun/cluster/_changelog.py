@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from statefun._kafka import import_kafka
 from statefun._keygroups import key_group_for
 from statefun.checkpoint._codec import (
     decode_envelopes,
@@ -36,7 +37,6 @@ from statefun.checkpoint._codec import (
 )
 from statefun.cluster._config import ClusterConfig
 from statefun.egress.kafka import Row
-from statefun.ingress.kafka import import_kafka
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
 from statefun.state._codec import decode_values, encode_values

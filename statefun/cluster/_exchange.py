@@ -134,6 +134,6 @@ class WorkerTransactions(KafkaSink):
         if waiting:
             log.debug("%s: %d row(s) after the last checkpoint dropped", self.egress_id, waiting)
         try:
-            await self._call(self._close_producers)
+            await self._call(self._producers.close)
         finally:
             self._executor.shutdown(wait=False)

@@ -33,10 +33,10 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import decode_message
 from statefun.ingress.base import IngressContext, Source
-from statefun.ingress.kafka import import_kafka
 from statefun.runtime._envelope import Envelope
 
 __all__ = ["ExchangeSource", "Membership"]

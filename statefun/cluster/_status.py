@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statefun._exceptions import ConfigurationError, UnavailableError
+from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
-from statefun.ingress.kafka import import_kafka
 
 __all__ = ["Ownership", "add_status_arguments", "describe", "group_ownership", "status"]
 

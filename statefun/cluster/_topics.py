@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from statefun._exceptions import ConfigurationError, UnavailableError
+from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
-from statefun.ingress.kafka import import_kafka
 
 __all__ = ["ensure_topics", "topic_configs"]
 

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from statefun._exceptions import JobFailedError
+from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
@@ -44,7 +45,6 @@ from statefun.cluster._topics import ensure_topics
 from statefun.egress.base import Sink
 from statefun.egress.kafka import KafkaSink
 from statefun.egress.stdout import StdoutSink
-from statefun.ingress.kafka import import_kafka
 from statefun.module._specs import (
     KafkaEgressSpec,
     KafkaIngressSpec,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from statefun._exceptions import ModuleError
 from statefun.module._durations import format_duration, parse_duration
-from statefun.module._loader import KINDS, load_module, load_module_text
+from statefun.module._fields import Fields
+from statefun.module._loader import kinds, load_module, load_module_text
 from statefun.module._specs import (
     ASYNC_TRANSPORT,
     OKHTTP_TRANSPORT,
@@ -27,11 +28,11 @@ from statefun.module._specs import (
 
 __all__ = [
     "ASYNC_TRANSPORT",
-    "KINDS",
     "OKHTTP_TRANSPORT",
     "EgressSpec",
     "EmbeddedEndpointSpec",
     "EndpointSpec",
+    "Fields",
     "FileEgressSpec",
     "FileIngressSpec",
     "FunctionTarget",
@@ -46,6 +47,7 @@ __all__ = [
     "StdoutEgressSpec",
     "TransportSpec",
     "format_duration",
+    "kinds",
     "load_module",
     "load_module_text",
     "parse_duration",

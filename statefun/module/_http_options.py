@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from statefun._http.defences import read_token, server_tls_context
 
 if TYPE_CHECKING:
-    from statefun.module._loader import _Fields
+    from statefun.module._fields import Fields
 
 __all__ = ["endpoint_headers", "ingress_allowed_hosts", "ingress_tls", "ingress_token"]
 
@@ -29,7 +29,7 @@ _RESERVED = frozenset(
 )
 
 
-def ingress_allowed_hosts(spec: _Fields) -> tuple[str, ...] | None:
+def ingress_allowed_hosts(spec: Fields) -> tuple[str, ...] | None:
     expected = "a list of host names, such as ['localhost', 'ingress.example.com']"
     value = spec.sequence("allowedHosts", expected, None)
     if value is None:
@@ -39,7 +39,7 @@ def ingress_allowed_hosts(spec: _Fields) -> tuple[str, ...] | None:
     return tuple(v.strip() for v in value)
 
 
-def ingress_token(spec: _Fields) -> str | None:
+def ingress_token(spec: Fields) -> str | None:
     """``auth: {tokenEnv: NAME}`` or ``auth: {tokenFile: path}``: the bearer token."""
     auth = spec.mapping("auth", None)
     if auth is None:
@@ -55,7 +55,7 @@ def ingress_token(spec: _Fields) -> str | None:
         raise spec.doc.error(spec.at("auth"), str(exc).removeprefix("auth: ")) from None
 
 
-def ingress_tls(spec: _Fields) -> tuple[Path, Path, Path | None] | None:
+def ingress_tls(spec: Fields) -> tuple[Path, Path, Path | None] | None:
     """``tls: {certFile, keyFile, clientCaFile?}``: PEM files, checked by loading them."""
     tls = spec.mapping("tls", None)
     if tls is None:
@@ -73,7 +73,7 @@ def ingress_tls(spec: _Fields) -> tuple[Path, Path, Path | None] | None:
     return cert, key, client_ca
 
 
-def endpoint_headers(spec: _Fields) -> tuple[tuple[str, str], ...]:
+def endpoint_headers(spec: Fields) -> tuple[tuple[str, str], ...]:
     """``headers: {Name: value}``; ``${NAME}`` in a value is the environment variable's."""
     headers = spec.raw("headers", "a mapping of header names to values", None)
     if headers is None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from statefun.connectors import ConnectorSpec
 
 __all__ = [
     "ASYNC_TRANSPORT",
@@ -159,6 +162,7 @@ class FileIngressSpec:
     source: str = ""
 
 
+#: the built-in ingress kinds' specs (a module's ingresses may be of any connector kind)
 IngressSpec = KafkaIngressSpec | HttpIngressSpec | FileIngressSpec
 
 
@@ -192,6 +196,7 @@ class FileEgressSpec:
     source: str = ""
 
 
+#: the built-in egress kinds' specs (a module's egresses may be of any connector kind)
 EgressSpec = KafkaEgressSpec | StdoutEgressSpec | FileEgressSpec
 
 
@@ -200,8 +205,9 @@ class ModuleSpec:
     """Everything one or more module.yaml files define."""
 
     endpoints: tuple[EndpointSpec, ...] = ()
-    ingresses: tuple[IngressSpec, ...] = ()
-    egresses: tuple[EgressSpec, ...] = ()
+    #: ingress and egress specs, each of a kind of ``statefun.connectors``
+    ingresses: tuple[ConnectorSpec, ...] = ()
+    egresses: tuple[ConnectorSpec, ...] = ()
     paths: tuple[Path, ...] = ()
 
     def endpoint_for(self, typename: str) -> EndpointSpec | None:
@@ -216,5 +222,5 @@ class ModuleSpec:
                     wildcard = endpoint
         return wildcard
 
-    def egress(self, egress_id: str) -> EgressSpec | None:
+    def egress(self, egress_id: str) -> ConnectorSpec | None:
         return next((e for e in self.egresses if e.id == egress_id), None)

@@ -14,9 +14,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import ConfigurationError, JobFailedError
+
+if TYPE_CHECKING:  # (imported where used: the CLI starts fast)
+    from statefun._settings import Settings
+    from statefun.module._specs import ModuleSpec
 
 __all__ = [
     "add_plan_arguments",
@@ -144,7 +148,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> tuple[object, object]:
+def _load(args: argparse.Namespace) -> tuple[ModuleSpec, Settings]:
     from statefun._settings import Settings
     from statefun.module import load_module
 
@@ -163,14 +167,14 @@ def plan(args: argparse.Namespace) -> int:
     from statefun.runtime._plan import make_plan
 
     module, settings = _load(args)
-    FunctionRegistry(module)  # type: ignore[arg-type]  # embedded code is found, as by run
-    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    FunctionRegistry(module)  # embedded code is found, as by run
+    job_plan = make_plan(module, settings)
     text = job_plan.to_dot() if args.format == "dot" else job_plan.to_text()
     sys.stdout.write(text + "\n")
     return 0
 
 
-def _check_folders(settings: Any) -> None:
+def _check_folders(settings: Settings) -> None:
     """The folders the job will write: each usable, or a one-line ConfigurationError."""
     from statefun._oserrors import usable_directory
     from statefun.checkpoint.storage import storage_path
@@ -185,11 +189,9 @@ def _check_folders(settings: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from statefun.module._specs import ModuleSpec
     from statefun.runtime._plan import build_job, make_plan
 
     module, settings = _load(args)
-    assert isinstance(module, ModuleSpec)
     if args.workers:
         from statefun.cluster._supervisor import supervise
 
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         pairs = list(args.settings)
         if args.parallelism is not None:
             pairs.append(f"parallelism={args.parallelism}")
-        return supervise(module, settings, args.modules, pairs, args.workers)  # type: ignore[arg-type]
+        return supervise(module, settings, args.modules, pairs, args.workers)
     _check_folders(settings)
     if args.quiet and not hasattr(args, "log_level"):
         logging.getLogger().setLevel(logging.WARNING)
@@ -210,15 +212,15 @@ def run(args: argparse.Namespace) -> int:
         len(module.egresses),
         ", ".join(str(p) for p in module.paths) or "-",
     )
-    job_plan = make_plan(module, settings)  # type: ignore[arg-type]
+    job_plan = make_plan(module, settings)
     log.info("plan: %s", job_plan.summary())
     for line in job_plan.functions:
         log.info("functions: %s", line)
-    if settings.checkpoint_dir:  # type: ignore[attr-defined]
+    if settings.checkpoint_dir:
         log.info(
             "checkpoints: every %d ms to %s",
-            settings.checkpoint_interval_ms,  # type: ignore[attr-defined]
-            settings.checkpoint_dir,  # type: ignore[attr-defined]
+            settings.checkpoint_interval_ms,
+            settings.checkpoint_dir,
         )
     else:
         log.info("checkpoints: off (set checkpoint_dir for exactly-once across restarts)")
@@ -227,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
     restarts = RestartPolicy(settings)
     while True:
-        job = build_job(module, settings)  # type: ignore[arg-type]
+        job = build_job(module, settings)
         job.restore_from = from_savepoint
         job.allow_dropping_state = args.allow_dropping_state
         restarts.started()
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         except JobFailedError as exc:
             log.error("%s", exc)
-            if not settings.checkpoint_dir or job.stopped_by_user:  # type: ignore[attr-defined]
+            if not settings.checkpoint_dir or job.stopped_by_user:
                 return 1
             delay, what = restarts.failed()
             if delay is None:

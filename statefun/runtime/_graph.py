@@ -10,18 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from statefun import connectors
 from statefun._keygroups import key_group_range
 from statefun._settings import Settings
+from statefun.connectors import ConnectorSpec
 from statefun.module._specs import (
     EmbeddedEndpointSpec,
-    FileEgressSpec,
-    FileIngressSpec,
     HttpEndpointSpec,
-    HttpIngressSpec,
-    KafkaEgressSpec,
-    KafkaIngressSpec,
     ModuleSpec,
-    StdoutEgressSpec,
 )
 
 __all__ = ["Node", "Plan", "make_plan"]
@@ -86,31 +82,15 @@ class Plan:
         }
 
 
-def _ingress_label(spec: object) -> str:
-    if isinstance(spec, HttpIngressSpec):
-        return f"http ingress {spec.id}\n{spec.host}:{spec.port}"
-    if isinstance(spec, FileIngressSpec):
-        return f"file ingress {spec.id}\n{spec.path}"
-    if isinstance(spec, KafkaIngressSpec):
-        topics = ", ".join(t.topic for t in spec.topics)
-        return f"kafka ingress {spec.id}\n{topics}"
-    return str(spec)
-
-
-def _egress_label(spec: object) -> str:
-    if isinstance(spec, StdoutEgressSpec):
-        return f"stdout egress {spec.id}"
-    if isinstance(spec, FileEgressSpec):
-        return f"file egress {spec.id}\n{spec.path}"
-    if isinstance(spec, KafkaEgressSpec):
-        return f"kafka egress {spec.id}\n{spec.delivery_semantic}"
-    return str(spec)
+def _label(spec: ConnectorSpec) -> str:
+    """The node of a source or sink, as its connector kind names it."""
+    return connectors.kind_of(spec).label(spec)
 
 
 def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
     plan = Plan()
     for i, ingress in enumerate(module.ingresses):
-        plan.nodes.append(Node(f"source{i}", _ingress_label(ingress), "source"))
+        plan.nodes.append(Node(f"source{i}", _label(ingress), "source"))
         plan.edges.append((f"source{i}", "router", ""))
     plan.nodes.append(Node("router", "router\nrecord -> envelope", "operator"))
     plan.nodes.append(
@@ -136,7 +116,7 @@ def make_plan(module: ModuleSpec, settings: Settings) -> Plan:
     plan.nodes.append(Node("timers", "timer service\ndelayed messages", "operator"))
     plan.edges.append(("timers", "keyby", "feedback"))
     for j, egress in enumerate(module.egresses):
-        plan.nodes.append(Node(f"sink{j}", _egress_label(egress), "sink"))
+        plan.nodes.append(Node(f"sink{j}", _label(egress), "sink"))
     for endpoint in module.endpoints:
         if isinstance(endpoint, HttpEndpointSpec):
             plan.functions.append(

@@ -5,101 +5,49 @@ The plan is what ``statefun plan`` prints and what ``build_job`` instantiates:
     sources -> router -> keyBy(address) -> dispatcher[0..P-1] -> sinks
                             ^                      |
                             +---- feedback <-------+
+
+The graph is ``_graph.py``; the sources and sinks are made by their connector kinds
+(``statefun.connectors``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-from statefun._exceptions import ConfigurationError
-from statefun._http.defences import ServerOptions, server_tls_context
+from statefun import connectors
 from statefun._settings import Settings
-from statefun.checkpoint.storage import storage_path
+from statefun.connectors import ConnectorContext, ConnectorSpec
 from statefun.egress.base import Sink
-from statefun.egress.file import FileSink
-from statefun.egress.kafka import KafkaSink
-from statefun.egress.stdout import StdoutSink
 from statefun.ingress.base import Source
-from statefun.ingress.file import FileSource
-from statefun.ingress.http import HttpSource
-from statefun.ingress.kafka import KafkaSource
-from statefun.module._specs import (
-    FileEgressSpec,
-    FileIngressSpec,
-    HttpIngressSpec,
-    KafkaEgressSpec,
-    KafkaIngressSpec,
-    ModuleSpec,
-    StdoutEgressSpec,
-)
+from statefun.module._specs import ModuleSpec
 from statefun.runtime._graph import Plan, make_plan
 from statefun.runtime._job import Job
 
 __all__ = ["Plan", "build_job", "make_plan"]
 
 
-def _wal_dir(settings: Settings, ingress_id: str) -> Path | None:
-    """The HTTP ingress's write-ahead log: only with checkpoints, which make it replayable."""
-    if not settings.checkpoint_dir:
-        return None
-    root = (
-        Path(settings.http_wal_dir)
-        if settings.http_wal_dir
-        else storage_path(settings.checkpoint_dir).parent / "http-wal"
-    )
-    return root / ingress_id.replace("/", "_")
+def _build(spec: ConnectorSpec, context: ConnectorContext, role: type[Any]) -> Any:
+    """The source or sink of ``spec``, made by its connector kind."""
+    kind = connectors.kind_of(spec)
+    built = kind.build(spec, context)
+    if not isinstance(built, role):
+        raise TypeError(f"the {kind.name} kind built {built!r}, not a {role.__name__}")
+    return built
 
 
 def build_job(module: ModuleSpec, settings: Settings | None = None) -> Job:
     """Instantiate the plan: the job with its sources and sinks."""
     settings = settings or Settings()
-    sinks: list[Sink] = []
-    for egress in module.egresses:
-        if isinstance(egress, StdoutEgressSpec):
-            sinks.append(StdoutSink(egress.id))
-        elif isinstance(egress, FileEgressSpec):
-            sinks.append(FileSink(egress.id, egress.path, egress.exactly_once))
-        elif isinstance(egress, KafkaEgressSpec):
-            sinks.append(KafkaSink.from_spec(egress))
+    sinks: list[Sink] = [
+        _build(egress, ConnectorContext(settings), Sink) for egress in module.egresses
+    ]
     job = Job(module, settings, sinks=sinks)
-    sources: list[Source] = []
-    for ingress in module.ingresses:
-        if isinstance(ingress, HttpIngressSpec):
-            sources.append(
-                HttpSource(
-                    ingress.id,
-                    ingress.host,
-                    ingress.port,
-                    ingress.max_body_bytes,
-                    ingress.reply_timeout.total_seconds(),
-                    ingress.max_pending,
-                    replies=job.replies,
-                    wal_dir=_wal_dir(settings, ingress.id),
-                    wal_retained=settings.checkpoints_retained,
-                    log_calls=settings.reply_release != "on-checkpoint",
-                    held_replies=job.held_replies,
-                    idempotency_retention_s=settings.http_idempotency_retention_s,
-                    idempotency_max_keys=settings.http_idempotency_max_keys,
-                    idempotency_max_reply_bytes=settings.http_idempotency_max_reply_bytes,
-                    server_options=_ingress_server_options(settings, ingress),
-                    unanswered=job.unanswered_calls.describe,
-                )
-            )
-        elif isinstance(ingress, FileIngressSpec):
-            sources.append(FileSource(ingress.id, ingress.path))
-        elif isinstance(ingress, KafkaIngressSpec):
-            sources.append(KafkaSource.from_spec(ingress))
+    context = ConnectorContext(
+        settings,
+        replies=job.replies,
+        held_replies=job.held_replies,
+        unanswered=job.unanswered_calls.describe,
+    )
+    sources: list[Source] = [_build(ingress, context, Source) for ingress in module.ingresses]
     job.sources = sources
     return job
-
-
-def _ingress_server_options(settings: Settings, ingress: HttpIngressSpec) -> ServerOptions:
-    """The ``http_*`` settings with the ingress's own Host allow-list, token and TLS."""
-    where = f"{ingress.source}: spec.tls"
-    try:
-        tls = None if ingress.tls is None else server_tls_context(*ingress.tls, where=where)
-    except ValueError as exc:  # the files changed since the module was loaded
-        raise ConfigurationError(str(exc)) from None
-    return ServerOptions.from_settings(
-        settings, allowed_hosts=ingress.allowed_hosts, token=ingress.token, tls=tls
-    )

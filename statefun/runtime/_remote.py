@@ -40,7 +40,13 @@ from statefun._exceptions import (
     RetryableFunctionError,
     TerminalFunctionError,
 )
-from statefun._http.client import HttpPool, ProtocolError, ResponseTooLarge, Target, parse_target
+from statefun._http.client import (
+    HttpPool,
+    HttpProtocolError,
+    ResponseTooLarge,
+    Target,
+    parse_target,
+)
 from statefun.module._specs import TransportSpec
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._stats import EndpointStats
@@ -398,7 +404,7 @@ class RemoteClient:
                     raise TerminalFunctionError(
                         f"function {typename} at {url} answered with {exc}"
                     ) from None
-                except (TimeoutError, ProtocolError, OSError) as exc:
+                except (TimeoutError, HttpProtocolError, OSError) as exc:
                     # A last attempt cut short by the call timeout says less than the one before.
                     cut_short = isinstance(exc, TimeoutError) and time.monotonic() >= deadline
                     if not (cut_short and problem):

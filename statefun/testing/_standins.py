@@ -20,12 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from statefun._exceptions import TerminalFunctionError
+from statefun.connectors import ConnectorSpec
 from statefun.egress.base import Sink
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import (
-    EgressSpec,
     FileEgressSpec,
-    IngressSpec,
     KafkaEgressSpec,
     KafkaIngressSpec,
     TransportSpec,
@@ -46,7 +45,7 @@ class IngressStandIn:
     """The ingress ``spec.id`` of the module, in memory: ``send`` records to it."""
 
     def __init__(
-        self, spec: IngressSpec, types: TypeTable, is_function_type: Callable[[str], bool]
+        self, spec: ConnectorSpec, types: TypeTable, is_function_type: Callable[[str], bool]
     ) -> None:
         self.id = spec.id
         self._spec = spec
@@ -162,7 +161,7 @@ class _Source(Source):
 class EgressStandIn:
     """The egress ``spec.id`` of the module, in memory: ``records`` are what a reader sees."""
 
-    def __init__(self, spec: EgressSpec, types: TypeTable) -> None:
+    def __init__(self, spec: ConnectorSpec, types: TypeTable) -> None:
         self.id = spec.id
         self._types = types
         if isinstance(spec, KafkaEgressSpec):

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._exchange import WorkerTransactions, decode_message, exchange_row
-from statefun.ingress.kafka import import_kafka
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._types import TypedValue
 

@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from statefun._exceptions import ConfigurationError
+from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
-from statefun.ingress.kafka import import_kafka
 
 kafka = import_kafka()
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(90)]

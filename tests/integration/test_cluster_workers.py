@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._changelog import restore_partitions
-from statefun.ingress.kafka import import_kafka
 from statefun.sdk import StringType
 from tests.integration.fns.cluster_fns import ADDRESSES, next_id
 

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from statefun._exceptions import RetryableFunctionError, TerminalFunctionError
-from statefun._http.client import HttpPool, ProtocolError, Response, parse_target
+import statefun
+from statefun._exceptions import HttpProtocolError, RetryableFunctionError, TerminalFunctionError
+from statefun._http.client import HttpPool, Response, parse_target
 from statefun.module._specs import TransportSpec
 from statefun.runtime._remote import RemoteClient
 
@@ -479,7 +480,7 @@ async def test_garbage_instead_of_http_is_retried_until_the_call_timeout(
     assert took[0] >= 0.4 - SLACK
     message = str(caught.value)
     assert "did not answer within its call timeout" in message
-    assert "ProtocolError" in message and "not an HTTP/1.x status line" in message
+    assert "HttpProtocolError" in message and "not an HTTP/1.x status line" in message
     assert len(server.requests) >= 2
 
 
@@ -497,15 +498,17 @@ async def test_garbage_instead_of_http_is_retried_until_the_call_timeout(
 )
 async def test_malformed_responses_are_protocol_errors(pool: HttpPool, response: bytes) -> None:
     async with RawServer(one_reply(response)) as server:
-        with pytest.raises(ProtocolError):
+        with pytest.raises(HttpProtocolError) as raised:
             await pool.post(parse_target(server.url), b"x", DEADLINE, DEADLINE, DEADLINE)
     assert pool.open_connections == 0
+    # in the tree of statefun's errors, a protocol error as a malformed FromFunction is
+    assert isinstance(raised.value, statefun.ProtocolError)
 
 
 async def test_endless_head_is_a_protocol_error(pool: HttpPool) -> None:
     head = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * (70 << 10)
     async with RawServer(one_reply(head)) as server:
-        with pytest.raises(ProtocolError, match="response head longer than"):
+        with pytest.raises(HttpProtocolError, match="response head longer than"):
             await pool.post(parse_target(server.url), b"x", DEADLINE, DEADLINE, DEADLINE)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun.egress import _kafka_append
 from statefun.egress._kafka_append import (
     BatchTooLarge,
@@ -22,7 +23,6 @@ from statefun.egress._kafka_append import (
 )
 from statefun.egress._kafka_partitioner import KeyPartitioner
 from statefun.egress.kafka import KafkaSink
-from statefun.ingress.kafka import import_kafka
 from tests.integration.test_kafka_io import (
     EGRESS,
     by_partition,
@@ -162,7 +162,7 @@ async def test_a_batch_the_broker_finds_too_large_fails_at_once_naming_the_setti
         await sink.flush()
     assert isinstance(raised.value.__cause__, BatchTooLarge)
     assert time.monotonic() - started < 30
-    assert sink.backlog() == 100 and sink._plain is None
+    assert sink.backlog() == 100 and sink._producers.plain is None
     sink._buffer.clear()  # else close() would try them again, with the same outcome
     await sink.close()
 

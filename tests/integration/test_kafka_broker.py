@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from statefun._kafka_local.broker import KafkaBroker, _probe_metadata
+from statefun._kafka_local._probe import probe_metadata
+from statefun._kafka_local.broker import KafkaBroker
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text/open_text,
@@ -86,7 +87,7 @@ def transactional_producer(bootstrap: str, transactional_id: str) -> Any:
 
 def test_broker_answers_metadata_on_loopback(kafka_broker: KafkaBroker) -> None:
     host, _, port = kafka_broker.bootstrap_servers.partition(",")[0].rpartition(":")
-    assert _probe_metadata(host, int(port), timeout=5.0) == 1
+    assert probe_metadata(host, int(port), timeout=5.0) == 1
     log_file = kafka_broker.log_file
     if log_file is not None:  # started here, not external
         assert host == "127.0.0.1"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun.ingress import _kafka_fetch
 from statefun.ingress._kafka_fetch import LeanPartitionRecords
-from statefun.ingress.kafka import import_kafka
 from tests.integration.test_kafka_io import (
     Collector,
     admin,  # noqa: F401 (a fixture)

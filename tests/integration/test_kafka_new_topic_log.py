@@ -36,7 +36,7 @@ async def test_first_write_to_an_auto_created_topic_logs_no_error(
 
 def test_a_topic_still_missing_later_is_an_error(caplog: pytest.LogCaptureFixture) -> None:
     """Only a topic's first "not found" is taken for one being created; later ones pass."""
-    from statefun.ingress.kafka import import_kafka
+    from statefun._kafka import import_kafka
 
     import_kafka()
     cluster = logging.getLogger("kafka.cluster")

@@ -172,11 +172,7 @@ def test_type_checking_imports_are_not_edges() -> None:
 
 #: circles still to break, each as the set of its modules; the list only shrinks (a listed
 #: circle that is gone fails the test, so that its entry is removed with it)
-TOLERATED: list[frozenset[str]] = [
-    # the Kafka ingress's fetch fast path takes kafka-python's import helpers from kafka.py,
-    # which installs the fast path: both move into a shared Kafka package
-    frozenset({"statefun.ingress._kafka_fetch", "statefun.ingress.kafka"}),
-]
+TOLERATED: list[frozenset[str]] = []
 
 
 def test_no_import_circles() -> None:

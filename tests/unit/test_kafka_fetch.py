@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun.ingress import _kafka_fetch
 from statefun.ingress._kafka_fetch import LeanPartitionRecords, lean_supported
-from statefun.ingress.kafka import import_kafka
 
 kafka = import_kafka()
 from kafka.consumer.fetcher import Fetcher  # noqa: E402

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from statefun._kafka import import_kafka
 from statefun.egress._kafka_append import write_records
-from statefun.ingress.kafka import import_kafka
 
 import_kafka()
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder  # noqa: E402

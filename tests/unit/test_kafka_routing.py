@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from statefun.ingress.kafka import KafkaSource, _Route, import_kafka
+from statefun._kafka import import_kafka
+from statefun.ingress.kafka import KafkaSource, _Route
 from statefun.module import KafkaTopicSpec
 from statefun.sdk import StringType
 from tests._support import EmitMany
