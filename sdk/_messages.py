@@ -8,6 +8,7 @@ from typing import Any
 from statefun._exceptions import InvalidValueError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
+    _SLOW,
     BoolType,
     DoubleType,
     FloatType,
@@ -16,8 +17,11 @@ from statefun.sdk._types import (
     StringType,
     Type,
     TypedValue,
+    _decode_int,
     validate_typename,
 )
+
+_INT_TYPENAME = IntType.typename
 
 __all__ = [
     "EgressMessage",
@@ -80,6 +84,11 @@ class Message:
         return bool(self.typed_value.typename == "io.statefun.types/int")
 
     def as_int(self) -> int | None:
+        tv = self.typed_value
+        if tv.typename == _INT_TYPENAME:  # the common case: the value's own type, decoded here
+            value = _decode_int(tv.value) if tv.has_value else None
+            if value is not _SLOW:
+                return value
         return self.as_type(IntType)  # type: ignore[no-any-return]
 
     def is_bool(self) -> bool:
