@@ -196,8 +196,13 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
         raise ValueError("value can not be missing")
     if not isinstance(value_type, Type):
         raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
-    typed = TypedValue(value_type.typename, value_type.serializer().serialize(value))
-    return EgressMessage(target_typename, typed)
+    record = _new_egress_message(EgressMessage)  # its fields are checked above
+    record.typename = target_typename
+    record.typed_value = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+    return record
+
+
+_new_egress_message = object.__new__
 
 
 def _value_bytes(value: Any, value_type: Type | None, allow_numbers: bool) -> bytes:
