@@ -362,8 +362,12 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        egress = [(r.typename, [r.typed_value]) for r in context.egress] if context.egress else ()
-        self._emit(key, context._address, context.messages, context.delayed, egress)
+        if context.messages or context.delayed:
+            egress = [(r.typename, [r.typed_value]) for r in context.egress]
+            self._emit(key, context._address, context.messages, context.delayed, egress)
+        else:  # only egress records, or nothing: the common case, without _emit's loops
+            for record in context.egress:
+                job.egress(record.typename, [record.typed_value])
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
