@@ -8,6 +8,7 @@ from typing import Any
 from statefun._exceptions import InvalidValueError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
+    _SLOW,
     BoolType,
     DoubleType,
     FloatType,
@@ -16,8 +17,11 @@ from statefun.sdk._types import (
     StringType,
     Type,
     TypedValue,
+    _decode_int,
     validate_typename,
 )
+
+_INT_TYPENAME = IntType.typename
 
 __all__ = [
     "EgressMessage",
@@ -80,6 +84,11 @@ class Message:
         return bool(self.typed_value.typename == "io.statefun.types/int")
 
     def as_int(self) -> int | None:
+        tv = self.typed_value
+        if tv.typename == _INT_TYPENAME:  # the common case: the value's own type, decoded here
+            value = _decode_int(tv.value) if tv.has_value else None
+            if value is not _SLOW:
+                return value
         return self.as_type(IntType)  # type: ignore[no-any-return]
 
     def is_bool(self) -> bool:
@@ -187,8 +196,13 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
         raise ValueError("value can not be missing")
     if not isinstance(value_type, Type):
         raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
-    typed = TypedValue(value_type.typename, value_type.serializer().serialize(value))
-    return EgressMessage(target_typename, typed)
+    record = _new_egress_message(EgressMessage)  # its fields are checked above
+    record.typename = target_typename
+    record.typed_value = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+    return record
+
+
+_new_egress_message = object.__new__
 
 
 def _value_bytes(value: Any, value_type: Type | None, allow_numbers: bool) -> bytes:

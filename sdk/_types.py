@@ -81,6 +81,9 @@ class TypeSerializer(abc.ABC):
 
 def validate_typename(typename: object, what: str = "typename") -> tuple[str, str]:
     """Split ``namespace/name`` into its two parts, or raise InvalidTypeNameError."""
+    parts = _VALID_TYPENAMES.get(typename) if type(typename) is str else None
+    if parts is not None:
+        return parts
     if not isinstance(typename, str) or not typename:
         raise InvalidTypeNameError(
             f"{what} must be a non-empty string 'namespace/name', got {typename!r}"
@@ -92,7 +95,14 @@ def validate_typename(typename: object, what: str = "typename") -> tuple[str, st
         raise InvalidTypeNameError(f"{what} {typename!r} has an empty namespace")
     if not name:
         raise InvalidTypeNameError(f"{what} {typename!r} has an empty name")
+    if len(_VALID_TYPENAMES) < _VALID_TYPENAMES_MAX:  # bounded: typenames are few
+        _VALID_TYPENAMES[typename] = (namespace, name)
     return namespace, name
+
+
+#: Typenames already found valid, with their parts (a program uses a few; bounded anyway).
+_VALID_TYPENAMES: dict[str, tuple[str, str]] = {}
+_VALID_TYPENAMES_MAX = 4096
 
 
 class Type(abc.ABC):
@@ -244,6 +254,8 @@ def _check_int(value: Any, bits: int) -> int:
 
 
 def _encode_int(value: Any) -> bytes | None:
+    if type(value) is int and 0 < value <= 0x7FFFFFFF:  # the common case, checks inlined
+        return b"\x0d" + _pack_i32(value)
     _check_int(value, 32)
     if value == 0:
         return b""

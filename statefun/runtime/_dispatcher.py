@@ -390,16 +390,8 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        records = context.egress
-        egress: Iterable[tuple[str, list[Any]]]
-        if not records:
-            egress = ()
-        elif len(records) == 1:  # the common case, without a comprehension's frame
-            record = records[0]
-            egress = ((record.typename, [record.typed_value]),)
-        else:
-            egress = [(r.typename, [r.typed_value]) for r in records]
         if self._timeline is not None:
+            egress = [(r.typename, [r.typed_value]) for r in context.egress]
             self._timeline.record(
                 key,
                 envelope,
@@ -410,7 +402,13 @@ class Dispatcher:
                 context.delayed or (),
                 egress,
             )
-        self._emit(key, context._address, context.messages, context.delayed, egress)
+            self._emit(key, context._address, context.messages, context.delayed, egress)
+        elif context.messages or context.delayed:
+            egress = [(r.typename, [r.typed_value]) for r in context.egress]
+            self._emit(key, context._address, context.messages, context.delayed, egress)
+        else:  # only egress records, or nothing: the common case, without _emit's loops
+            for record in context.egress:
+                job.egress(record.typename, [record.typed_value])
 
     def _invoke_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
