@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -117,9 +118,17 @@ class WorkerAdmin:
         self._partitions, self._key_groups, self._inputs = [], frozenset(), []
         self._read = None
 
+    @property
+    def url(self) -> str:
+        """Where other machines reach this admin server (published with the group membership):
+        a wildcard ``admin_host`` is replaced by the machine's name."""
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
     def worker_status(self) -> dict[str, Any]:
         return {
             "id": self.config.worker_id,
+            "admin_url": self.url,
             "job": self.config.job_id,
             "generation": self._generation,
             "rebalancing": self._current is None,
@@ -163,8 +172,14 @@ class WorkerAdmin:
         """The reply for an address of a key group this worker does not own."""
         partition = self.config.partition_of(key_group)
         state, owners = await self._ownership()
-        owner = next((o.worker for o in owners if partition in o.partitions), None)
-        answer = {"key_group": key_group, "partition": partition, "owner": owner}
+        found = next((o for o in owners if partition in o.partitions), None)
+        owner = found.worker if found is not None else None
+        answer = {
+            "key_group": key_group,
+            "partition": partition,
+            "owner": owner,
+            "admin_url": found.admin_url or None if found is not None else None,
+        }
         if owner is None or owner == self.config.worker_id:
             answer["error"] = f"key group {key_group} has no owner now (group {state}): try again"
             return _json(503, answer, _RETRY)

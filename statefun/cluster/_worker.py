@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -367,8 +368,15 @@ class ClusterWorker:
             if isinstance(ingress, KafkaIngressSpec)
             for topic in ingress.topics
         }
+        published = {"admin_url": self.admin.url} if self.admin is not None else {}
         self.membership = membership = Membership(
-            self.config, loop, self._assigned, self._revoked, self._deliver, inputs
+            self.config,
+            loop,
+            self._assigned,
+            self._revoked,
+            self._deliver,
+            inputs,
+            user_data=json.dumps(published).encode() if published else b"",
         )
         membership.start()
         log.info(

@@ -1,7 +1,7 @@
 """Each worker of a clustered job serves its own admin port on a real broker: its /status
 names the worker and the key groups it owns, /metrics counts its invocations, a state or
-timeline lookup answers on the owner of the address's key group and names the owner (421)
-on the other worker."""
+timeline lookup answers on the owner of the address's key group and names the owner and its
+admin URL (421) on the other worker."""
 
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(cluster: AdminClu
     workers = _settled(cluster)
     for worker, info in workers.items():
         assert info["id"] == worker and info["job"] == cluster.job_id
+        assert info["admin_url"] == f"http://127.0.0.1:{cluster.ports[worker]}"
         assert len(info["partitions"]) == 4 and len(info["input_partitions"]) == 2
     cluster.feed(0, MESSAGES)
     seen = read_outputs(cluster.bootstrap, cluster.output, MESSAGES, 90)
@@ -125,3 +126,4 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(cluster: AdminClu
             assert status == 421, refused
             assert refused["owner"] == owner and refused["key_group"] == key_group, refused
             assert f"owned by worker {owner}" in refused["error"]
+            assert refused["admin_url"] == f"http://127.0.0.1:{cluster.ports[owner]}", refused
