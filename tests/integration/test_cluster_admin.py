@@ -5,6 +5,7 @@ admin URL (421) on the other worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from statefun._keygroups import key_group_for
 from tests.integration.test_cluster_workers import Cluster, model_counts, read_outputs
+from tests.integration.test_console_browser import browser, open_page  # noqa: F401
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 MESSAGES = 300
@@ -82,7 +84,36 @@ def _settled(cluster: AdminCluster, seconds: float = 60) -> dict[str, dict[str, 
         time.sleep(0.3)
 
 
-def test_each_worker_serves_its_key_groups_and_names_the_owner(cluster: AdminCluster) -> None:
+async def _console_names_the_owner(devtools: int, cluster: AdminCluster, worker: str) -> None:
+    """The console of ``worker`` shows its key groups, and a lookup of an address another
+    worker owns links that worker's console."""
+    key_group = key_group_for("cluster/hop", "0", 128)
+    async with open_page(devtools) as page:
+        await page.call("Runtime.enable")
+        await page.call("Page.navigate", url=f"http://127.0.0.1:{cluster.ports[worker]}/")
+        shown = await page.wait_for(
+            "!document.getElementById('worker-section').hidden &&"
+            " document.getElementById('worker').textContent",
+            "the worker panel",
+        )
+        assert f"worker{worker}" in shown and "key groups" in shown and "of 128" in shown
+        await page.evaluate(
+            "document.getElementById('address').value = 'cluster/hop/0';"
+            "document.getElementById('lookup').requestSubmit(); true"
+        )
+        text = await page.wait_for(
+            "(document.getElementById('state') || {}).textContent", "the owner of the address"
+        )
+        link = await page.evaluate("document.getElementById('owner-link').href")
+        owner = next(w for w in cluster.ports if w != worker)
+        assert f"key group {key_group} is owned by worker {owner}" in text
+        assert link == f"http://127.0.0.1:{cluster.ports[owner]}/"
+
+
+def test_each_worker_serves_its_key_groups_and_names_the_owner(
+    cluster: AdminCluster,
+    browser: int,  # noqa: F811
+) -> None:
     for worker in ("w0", "w1"):
         cluster.start(worker)
     cluster.wait_assigned(["w0", "w1"])
@@ -127,3 +158,12 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(cluster: AdminClu
             assert refused["owner"] == owner and refused["key_group"] == key_group, refused
             assert f"owned by worker {owner}" in refused["error"]
             assert refused["admin_url"] == f"http://127.0.0.1:{cluster.ports[owner]}", refused
+
+    owner_of_0 = next(
+        w
+        for w, info in workers.items()
+        if key_group_for("cluster/hop", "0", 128) in info["key_groups"]
+    )
+    asyncio.run(
+        _console_names_the_owner(browser, cluster, next(w for w in workers if w != owner_of_0))
+    )
