@@ -10,10 +10,15 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
+
+from statefun._exceptions import ConfigurationError
 from statefun._settings import Settings
 from statefun.cluster import cluster_config
 from statefun.cluster._admin import WorkerAdmin, address_of
 from statefun.cluster._status import Ownership, _admin_url
+from statefun.cluster._supervisor import supervise
+from statefun.module._specs import ModuleSpec
 
 
 def _get(url: str, method: str = "GET", origin: str = "") -> tuple[int, bytes, Any]:
@@ -90,3 +95,16 @@ def test_the_published_admin_url_is_read_back() -> None:
     for junk in (None, {}, {"user_data": ""}, {"user_data": "not json"}, _Subscription(b"[1]")):
         assert _admin_url(junk) == ""
     assert _admin_url({"user_data": json.dumps({"admin_url": "file:///etc"})}) == ""
+
+
+def test_worker_admin_ports_past_65535_are_refused() -> None:
+    settings = Settings.load(
+        {
+            "cluster.bootstrap_servers": "127.0.0.1:1",
+            "cluster.job_id": "shop",
+            "admin_port": "65534",
+        },
+        environ={},
+    )
+    with pytest.raises(ConfigurationError, match=r"admin_port 65534 \+ 3 workers goes past"):
+        supervise(ModuleSpec(), settings, [], [], 3)
