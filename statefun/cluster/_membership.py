@@ -87,8 +87,11 @@ class Membership:
         revoked: Callable[[Partitions], Awaitable[None]],
         deliver: Callable[[list[Any]], Awaitable[None]],
         inputs: Mapping[str, str] | None = None,
+        user_data: bytes = b"",
     ) -> None:
         self.config = config
+        #: published to the group with this member's subscription (the worker's admin URL)
+        self.user_data = user_data
         #: input topic -> where a partition without committed offsets starts: earliest, latest
         self.inputs = dict(inputs or {})
         self._loop = loop
@@ -124,6 +127,7 @@ class Membership:
             session_timeout_ms=config.session_timeout_ms,
             heartbeat_interval_ms=config.heartbeat_interval_ms,
             max_poll_records=MAX_POLL_RECORDS,
+            partition_assignment_strategy=[_range_assignor(self.user_data)],
         )
         topics = [config.exchange_topic, *sorted(self.inputs)]
         self._consumer.subscribe(topics, listener=_Listener(self))
@@ -207,6 +211,20 @@ class Membership:
         topic = self.config.exchange_topic
         self._consumer.pause(*[kafka.TopicPartition(topic, p) for p in partitions], *inputs)
         self._pending = (self.partitions, list(inputs))
+
+
+def _range_assignor(user_data: bytes) -> Any:
+    """kafka-python's range assignor (the one the group used by default), whose subscription
+    carries ``user_data`` (read back by ``statefun status`` and the workers' admin ports)."""
+    import_kafka()
+    from kafka.coordinator.assignors.abstract import ConsumerProtocolSubscription
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+    class _Range(RangePartitionAssignor):  # type: ignore[misc]
+        def metadata(self, topics: Any) -> Any:
+            return ConsumerProtocolSubscription(self.version, list(topics), user_data)
+
+    return _Range()
 
 
 def _listener_base() -> Any:

@@ -9,6 +9,7 @@ that reaches the Kafka cluster. A worker's member is named by its client id,
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ class Ownership:
     host: str
     partitions: list[int] = field(default_factory=list)
     inputs: list[tuple[str, int]] = field(default_factory=list)
+    #: the worker's admin server (``http://host:port``), if it serves one
+    admin_url: str = ""
 
 
 def group_ownership(config: ClusterConfig) -> tuple[str, list[Ownership]]:
@@ -53,6 +56,7 @@ def group_ownership(config: ClusterConfig) -> tuple[str, list[Ownership]]:
             client.removeprefix(_CLIENT_PREFIX) if client.startswith(_CLIENT_PREFIX) else client
         )
         owner = Ownership(worker, str(member.get("client_host") or ""))
+        owner.admin_url = _admin_url(member.get("member_metadata"))
         for topic, partitions in _assigned(member.get("member_assignment")):
             if topic == config.exchange_topic:
                 owner.partitions.extend(sorted(partitions))
@@ -61,6 +65,22 @@ def group_ownership(config: ClusterConfig) -> tuple[str, list[Ownership]]:
         owners.append(owner)
     owners.sort(key=lambda o: o.worker)
     return str(described.get("group_state") or "unknown"), owners
+
+
+def _admin_url(subscription: Any) -> str:
+    """The admin URL a worker published in its subscription's user data, else ""."""
+    data = (
+        subscription.get("user_data")
+        if isinstance(subscription, dict)
+        else getattr(subscription, "user_data", None)
+    )
+    if not isinstance(data, (bytes, str)) or not data:  # (the admin client makes it a str)
+        return ""
+    try:
+        url = json.loads(data).get("admin_url")
+    except (ValueError, AttributeError):
+        return ""
+    return url if isinstance(url, str) and url.startswith("http") else ""
 
 
 def _assigned(assignment: Any) -> list[tuple[str, list[int]]]:
@@ -106,9 +126,10 @@ def describe(config: ClusterConfig, state: str, owners: list[Ownership]) -> str:
     for owner in owners:
         groups = sorted(kg for p in owner.partitions for kg in config.key_groups_of(p))
         inputs = ", ".join(f"{t}:{p}" for t, p in owner.inputs) or "none"
+        admin = f"; admin {owner.admin_url}" if owner.admin_url else ""
         lines.append(
             f"worker {owner.worker} ({owner.host}): partitions {_ranges(owner.partitions)} "
-            f"(key groups {_ranges(groups)}); input partitions {inputs}"
+            f"(key groups {_ranges(groups)}); input partitions {inputs}{admin}"
         )
     return "\n".join(lines)
 

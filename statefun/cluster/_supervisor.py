@@ -2,7 +2,8 @@
 
 The supervisor checks the job once (settings, module, what runs clustered), starts N
 ``statefun worker`` processes with the same module and settings and the worker ids
-``<cluster_worker_id or host name>-0`` .. ``-<N-1>``, and restarts a worker that exits with an
+``<cluster_worker_id or host name>-0`` .. ``-<N-1>`` (with ``admin_port`` P set, worker ``i``
+serves its admin port on P + i), and restarts a worker that exits with an
 error or dies from a signal: after 1 s, doubling up to 30 s while it keeps dying within 10 s of
 its start. SIGINT or SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s).
 A worker that ends with exit code 0 (stopped by someone else) is not restarted. The workers
@@ -47,6 +48,7 @@ class _Worker:
     delay: float = _FIRST_DELAY_S
     restart_at: float | None = None
     restarts: int = 0
+    admin_port: int = 0
 
 
 def supervise(
@@ -67,6 +69,14 @@ def supervise(
         raise ConfigurationError(f"--workers must be at least 1, got {count}")
     check_clusterable(module, settings, from_savepoint=False, bootstrap=config.bootstrap_servers)
     workers = [_Worker(worker_id) for worker_id in worker_ids(config.worker_id, count)]
+    if settings.admin_port + count - 1 > 65535:
+        raise ConfigurationError(
+            f"admin_port {settings.admin_port} + {count} workers goes past port 65535 "
+            "(worker i serves admin_port + i)"
+        )
+    if settings.admin_port:
+        for index, worker in enumerate(workers):
+            worker.admin_port = settings.admin_port + index
     base_args = [sys.executable, "-m", "statefun", "worker", *modules]
     for pair in setting_pairs:
         base_args += ["--set", pair]
@@ -77,7 +87,14 @@ def supervise(
         stopping = True
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    log.info("job %s: %d worker(s): %s", config.job_id, count, ", ".join(w.id for w in workers))
+    log.info(
+        "job %s: %d worker(s): %s",
+        config.job_id,
+        count,
+        ", ".join(
+            w.id + (f" (admin port {w.admin_port})" if w.admin_port else "") for w in workers
+        ),
+    )
     try:
         for worker in workers:
             _start(worker, base_args)
@@ -95,6 +112,8 @@ def supervise(
 
 def _start(worker: _Worker, base_args: list[str]) -> None:
     args = [*base_args, "--set", f"cluster.worker_id={worker.id}"]
+    if worker.admin_port:
+        args += ["--set", f"admin_port={worker.admin_port}"]
     worker.process = subprocess.Popen(args)
     worker.started = time.monotonic()
     worker.restart_at = None

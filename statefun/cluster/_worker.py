@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 from statefun._exceptions import JobFailedError
 from statefun._kafka import import_kafka
 from statefun._settings import Settings
+from statefun.cluster._admin import WorkerAdmin
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
@@ -168,7 +170,9 @@ class Epoch:
                 sinks.append(forwarder)
             elif isinstance(egress, StdoutEgressSpec):
                 sinks.append(StdoutSink(egress.id))
-        self.job = job = Job(self.module, self.settings, sinks=sinks, state=self.state)
+        self.job = job = Job(
+            self.module, self.settings, sinks=sinks, state=self.state, serve_admin=False
+        )
         self.source = ExchangeSource(job.send)
         for ingress in self.module.ingresses:
             if isinstance(ingress, KafkaIngressSpec):
@@ -332,9 +336,11 @@ class ClusterWorker:
 
     def __init__(self, module: ModuleSpec, settings: Settings, config: ClusterConfig) -> None:
         self.module = module
-        # the job inside keeps no local checkpoints and serves no admin port of its own
-        self.settings = dataclasses.replace(settings, checkpoint_dir="", admin_port=0)
+        # the job inside keeps no local checkpoints; the worker serves its admin port (across
+        # assignments), not the job of each assignment
+        self.settings = dataclasses.replace(settings, checkpoint_dir="")
         self.config = config
+        self.admin = WorkerAdmin(self.settings, config) if settings.admin_port else None
         self.epoch: Epoch | None = None
         self.membership: Membership | None = None
         self._stopping = asyncio.Event()
@@ -346,6 +352,15 @@ class ClusterWorker:
 
     async def run(self) -> None:
         await asyncio.to_thread(ensure_topics, self.config)
+        if self.admin is not None:
+            await self.admin.start()
+        try:
+            await self._run()
+        finally:
+            if self.admin is not None:
+                await self.admin.close()
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         inputs = {
             topic.topic: ingress.startup_position
@@ -353,8 +368,15 @@ class ClusterWorker:
             if isinstance(ingress, KafkaIngressSpec)
             for topic in ingress.topics
         }
+        published = {"admin_url": self.admin.url} if self.admin is not None else {}
         self.membership = membership = Membership(
-            self.config, loop, self._assigned, self._revoked, self._deliver, inputs
+            self.config,
+            loop,
+            self._assigned,
+            self._revoked,
+            self._deliver,
+            inputs,
+            user_data=json.dumps(published).encode() if published else b"",
         )
         membership.start()
         log.info(
@@ -374,6 +396,8 @@ class ClusterWorker:
                 task.cancel()
             with contextlib.suppress(BaseException):  # (a poll stuck in delivery: go on)
                 await asyncio.wait_for(asyncio.shield(membership.stopped), _STOP_POLLING_S)
+            if self.admin is not None:
+                self.admin.pause()
             if self.epoch is not None:
                 epoch, self.epoch = self.epoch, None
                 await epoch.stop(checkpoint=self._failure is None)
@@ -400,8 +424,12 @@ class ClusterWorker:
         await epoch.start()
         self.epoch = epoch
         self.epochs += 1
+        if self.admin is not None and epoch.job is not None:
+            self.admin.serve(epoch.job, partitions, inputs, self.membership.generation)
 
     async def _revoked(self, partitions: Partitions) -> None:
+        if self.admin is not None:
+            self.admin.pause()
         epoch, self.epoch = self.epoch, None
         if epoch is not None:
             await epoch.stop(checkpoint=True)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from statefun._exceptions import UnavailableError
 from statefun._http.defences import LOOPBACK_HOSTS, ServerOptions
-from statefun._http.server import HttpServer, Reply, Request, media_type, plain
+from statefun._http.server import Application, HttpServer, Reply, Request, media_type, plain
 from statefun._oserrors import listen_error
 from statefun.runtime._console import AdminViews, ConsoleJob
 from statefun.runtime._status import ObservedJob, status_details
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from statefun._settings import Settings
     from statefun.checkpoint.coordinator import CheckpointCoordinator
 
-__all__ = ["AdminJob", "AdminServer"]
+__all__ = ["AdminJob", "AdminServer", "listen", "same_origin"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,31 @@ class AdminJob(ObservedJob, ConsoleJob, Protocol):
         """Messages in flight (all, to remote functions), invocations, delayed messages,
         dead letters, dispatcher subtasks."""
         ...
+
+
+async def listen(
+    app: Application, host: str, port: int, options: ServerOptions
+) -> tuple[HttpServer, int]:
+    """An admin server serving ``app`` on ``host:port``, started; and the port it took.
+    A port it cannot take is a one-line UnavailableError."""
+    server = HttpServer(app, options=options, name="admin server")
+    try:
+        return server, await server.start(host, port)
+    except OSError as exc:
+        raise UnavailableError(f"admin server: {listen_error(host, port, exc)}") from exc
+
+
+def same_origin(origin: str, host: str, port: int) -> bool:
+    """Whether a request's ``Origin`` is the admin server's own (``http://host:port``)."""
+    parts = urlsplit(origin.strip().lower())
+    try:
+        origin_port = parts.port
+    except ValueError:
+        return False
+    name = parts.netloc.rpartition(":")[0] if origin_port is not None else parts.netloc
+    return (
+        parts.scheme == "http" and origin_port == port and name in {*LOOPBACK_HOSTS, host.lower()}
+    )
 
 
 def _job_metrics(job: AdminJob) -> Any:
@@ -88,13 +113,7 @@ class AdminServer:
         self.views = AdminViews(job)
 
     async def start(self) -> None:
-        self._server = HttpServer(self, options=self._options, name="admin server")
-        try:
-            self.port = await self._server.start(self.host, self.port)
-        except OSError as exc:
-            raise UnavailableError(
-                f"admin server: {listen_error(self.host, self.port, exc)}"
-            ) from exc
+        self._server, self.port = await listen(self, self.host, self.port, self._options)
         log.info(
             "admin server on http://%s:%d (console at /; GET /status, /metrics, /state; "
             "POST /savepoints)%s",
@@ -149,14 +168,7 @@ class AdminServer:
         return None
 
     def _own_origin(self, origin: str) -> bool:
-        parts = urlsplit(origin.strip().lower())
-        try:
-            port = parts.port
-        except ValueError:
-            return False
-        host = parts.netloc.rpartition(":")[0] if port is not None else parts.netloc
-        names = {*LOOPBACK_HOSTS, self.host.lower()}
-        return parts.scheme == "http" and port == self.port and host in names
+        return same_origin(origin, self.host, self.port)
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         if request.path == "/status":

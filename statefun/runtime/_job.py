@@ -84,8 +84,12 @@ class Job:
         clock: Callable[[], int] = now_ms,
         client: RemoteClient | None = None,
         poll_interval_s: float | None = 0.05,
+        serve_admin: bool = True,
     ) -> None:
         self.module = module
+        #: False: someone else serves the admin port for this job (a cluster worker, whose
+        #: admin server outlives the job of each assignment); the timeline is kept all the same
+        self._serve_admin = serve_admin
         self.settings = settings or Settings()
         self.functions = FunctionRegistry(module)
         self.state: StateBackend = state or create_backend(
@@ -445,7 +449,7 @@ class Job:
         # one connect per remote endpoint, in the background: the job does not wait for it
         probe = probe_endpoints(self.module.endpoints, self.settings.remote_probe_timeout_ms / 1000)
         self._tasks.append(loop.create_task(self._guard(probe)))
-        if self.settings.admin_port:
+        if self.settings.admin_port and self._serve_admin:
             from statefun.runtime._admin import AdminServer
 
             self.admin = AdminServer(self, self.settings.admin_port, self.settings.admin_host)

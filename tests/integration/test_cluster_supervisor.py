@@ -4,10 +4,13 @@ supervisor and its workers."""
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,9 +27,38 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _two_free_ports() -> int:
+    """A port P with P + 1 free too."""
+    while True:
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+
+
+def _worker_of(port: int) -> str:
+    """The id in the /status of the worker on ``port`` (a restarted one may still be starting)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as answer:
+                return str(json.loads(answer.read())["worker"]["id"])
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def test_run_workers_restarts_a_killed_worker(tmp_path: Path, bootstrap: str) -> None:
     cluster = Cluster(tmp_path, bootstrap)
+    admin_port = _two_free_ports()
     args = [sys.executable, "-m", "statefun", "run", str(cluster.module), "--workers", "2"]
+    args += ["--set", f"admin_port={admin_port}"]  # worker i: admin_port + i
     for name, value in cluster.settings("node").items():
         args += ["--set", f"{name}={value}"]
     log = tmp_path / "supervisor.log"
@@ -58,6 +90,7 @@ def test_run_workers_restarts_a_killed_worker(tmp_path: Path, bootstrap: str) ->
         time.sleep(1)
         assert state_counts(cluster.config) == model_counts(4000)
         assert len(_children(supervisor.pid)) == 2
+        assert [_worker_of(admin_port), _worker_of(admin_port + 1)] == ["node-0", "node-1"]
     finally:
         supervisor.send_signal(signal.SIGTERM)
         code = supervisor.wait(60)

@@ -176,6 +176,7 @@ function render(status, at) {
   } else rows.push(["checkpoints", "off"]);
   fill("job", rows, "");
   $("job").tBodies[0].rows[0].id = "invocation-rate";
+  renderWorker(status.worker);
 
   const functions = status.functions || null;
   if (functions) {
@@ -220,6 +221,42 @@ function render(status, at) {
     box.replaceChildren(el("pre", {}, JSON.stringify(dead, null, 2)));
   } else box.replaceChildren(el("p", { class: "muted" }, "not reported"));
   $("updated").textContent = "updated " + new Date(at).toLocaleTimeString();
+}
+
+// "0-3,7" for [0, 1, 2, 3, 7]
+function ranges(numbers) {
+  const parts = [];
+  for (let i = 0; i < numbers.length; i++) {
+    let j = i;
+    while (j + 1 < numbers.length && numbers[j + 1] === numbers[j] + 1) j++;
+    parts.push(i === j ? String(numbers[i]) : `${numbers[i]}-${numbers[j]}`);
+    i = j;
+  }
+  return parts.join(",") || "none";
+}
+
+// A worker of a clustered job: its id and what it owns now (GET /status's "worker").
+function renderWorker(worker) {
+  $("worker-section").hidden = !worker;
+  if (!worker) return;
+  fill("worker", [
+    ["worker", worker.id],
+    ["job", worker.job],
+    ["assignment", worker.rebalancing ? "rebalancing" : `generation ${worker.generation}`],
+    ["partitions", ranges(worker.partitions)],
+    ["key groups", `${ranges(worker.key_groups)} (${worker.key_groups.length} of ${worker.max_parallelism})`],
+    ["input partitions", worker.input_partitions.map(([t, p]) => `${t}:${p}`).join(", ") || "none"],
+    ["admin", worker.admin_url],
+  ], "");
+}
+
+// 421: another worker owns the address's key group; name it (and link its console).
+async function otherOwner(response) {
+  const answer = await response.json();
+  const text = `key group ${answer.key_group} is owned by worker ${answer.owner}`;
+  if (!answer.admin_url) return el("p", { class: "muted" }, text);
+  return el("p", { class: "muted" }, text + ": ",
+    el("a", { href: answer.admin_url + "/", id: "owner-link" }, answer.admin_url));
 }
 
 async function poll() {
@@ -267,6 +304,10 @@ async function lookup(event) {
     const response = await api("/state/" + path);
     if (response.status === 404) {
       state.replaceChildren(el("p", { class: "muted" }, `no state for ${text}`));
+    } else if (response.status === 421) {
+      state.replaceChildren(await otherOwner(response));
+      timeline.replaceChildren();
+      return;
     } else if (!response.ok) {
       state.replaceChildren(el("p", { class: "error" }, await response.text()));
     } else {
