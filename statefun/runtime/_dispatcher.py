@@ -25,7 +25,7 @@ waited for in between, so a checkpoint cut sees all of a batch's results or none
 Where results are applied (and where an invocation fails) each invocation goes to the job's
 timeline (``_timeline.py``) when it keeps one: a few references, nothing formatted.
 
-The job is seen through ``DispatcherJob`` (below). The module stays whole (about 700 lines):
+The job is seen through ``DispatcherJob`` (below). The module stays whole (about 800 lines):
 intake, mailboxes, the embedded and the remote invocation and applying their results share
 one subtask's mailbox state and form the runtime's hot loop; split into modules, each step
 would reach into another object's fields or pay a call more per message. TTL and the state

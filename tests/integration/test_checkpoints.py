@@ -21,6 +21,7 @@ from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.file import FileSink
+from statefun.ingress.base import Source
 from statefun.ingress.file import FileSource
 from statefun.module._specs import (
     EmbeddedEndpointSpec,
@@ -57,7 +58,9 @@ def output(path: Path) -> Counter[str]:
     return Counter(json.loads(line)["value"] for line in path.read_text().splitlines())
 
 
-def make_job(tmp: Path, endpoint: Any, hook: Any = None, **settings: Any) -> Job:
+def make_job(
+    tmp: Path, endpoint: Any, hook: Any = None, source: Source | None = None, **settings: Any
+) -> Job:
     options = {
         "checkpoint_dir": str(tmp / "checkpoints"),
         "dead_letter_path": str(tmp / "dead-letters.jsonl"),
@@ -69,7 +72,7 @@ def make_job(tmp: Path, endpoint: Any, hook: Any = None, **settings: Any) -> Job
     job = Job(
         ModuleSpec(endpoints=(endpoint,)),
         Settings(**options),
-        sources=[FileSource("test/in", tmp / "in.jsonl")],
+        sources=[source or FileSource("test/in", tmp / "in.jsonl")],
         sinks=[FileSink("test/out", tmp / "out.jsonl")],
     )
     job.checkpoint_hook = hook

@@ -28,6 +28,8 @@ from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.file import FileSink
 from statefun.ingress._wal import WriteAheadLog
+from statefun.ingress.base import IngressContext
+from statefun.ingress.file import FileSource
 from statefun.ingress.http import HttpSource
 from statefun.module._specs import ModuleSpec
 from statefun.runtime import Job
@@ -50,6 +52,18 @@ def job_for(tmp: Path, backend: str, hook: Any = None) -> Job:
     )
 
 
+class _HeldOpen(FileSource):
+    """The input file, then nothing until the job stops: a job that has read it all does not
+    finish before the checkpoint a test crashes after (how many checkpoints a run of the file
+    takes depends on the machine)."""
+
+    bounded = False
+
+    async def run(self, context: IngressContext) -> None:
+        await super().run(context)
+        await asyncio.Event().wait()
+
+
 async def crash_after(tmp: Path, backend: str, checkpoint_id: int) -> None:
     """Run until checkpoint ``checkpoint_id`` committed, then stop as if killed."""
 
@@ -57,8 +71,16 @@ async def crash_after(tmp: Path, backend: str, checkpoint_id: int) -> None:
         if name == "committed" and done == checkpoint_id:
             raise SimulatedCrash(f"crash after checkpoint {done}")
 
+    job = make_job(
+        tmp,
+        embedded(),
+        crash,
+        source=_HeldOpen("test/in", tmp / "in.jsonl"),
+        state_backend=backend,
+        state_dir=str(tmp / f"state-{backend}"),
+    )
     with pytest.raises(JobFailedError, match="crash after checkpoint"):
-        await job_for(tmp, backend, crash).run()
+        await asyncio.wait_for(job.run(), timeout=60)
     assert (folder(tmp, checkpoint_id) / "_metadata").is_file()
 
 
