@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from time import perf_counter
@@ -381,7 +380,7 @@ class Dispatcher:
         if context.messages:
             stats.messages_out += len(context.messages)
         if context.delayed:
-            stats.messages_out += len(context.delayed)
+            stats.messages_out += _scheduled(context.delayed)
         job = self.job
         dirty = context._storage._dirty
         if dirty or function.has_ttl:
@@ -416,7 +415,7 @@ class Dispatcher:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
         started = perf_counter() if self._timeline is not None else 0.0
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-        began = 0.0 if function.stats.invocations & self._sample_mask else time.perf_counter()
+        began = 0.0 if function.stats.invocations & self._sample_mask else perf_counter()
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
@@ -426,7 +425,7 @@ class Dispatcher:
             self._failed_embedded(function, envelope, exc, started)
             return
         if began:
-            function.stats.latency.observe(time.perf_counter() - began)
+            function.stats.latency.observe(perf_counter() - began)
         self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
 
     # -- one batch in flight per address -------------------------------------------------------
@@ -470,12 +469,12 @@ class Dispatcher:
                             stats = function.stats
                             stats.batches += 1
                             stats.batch_sizes.observe(len(batch))
-                            began = time.perf_counter()
+                            began = perf_counter()
                             try:
                                 outputs = await self._call_remote(
                                     function, key, key_group, batch, held
                                 )
-                                stats.latency.observe(time.perf_counter() - began)
+                                stats.latency.observe(perf_counter() - began)
                             finally:
                                 if held is not None:
                                     held()  # (if the call did not)
@@ -565,12 +564,12 @@ class Dispatcher:
             for attempt in range(2):
                 started = perf_counter()
                 values, context, now = self._prepare_embedded(function, envelope, key, key_group)
-                began = time.perf_counter()
+                began = perf_counter()
                 try:
                     await function.function.fun(
                         context, Message(envelope.typename, envelope.id, envelope.value)
                     )
-                    stats.latency.observe(time.perf_counter() - began)
+                    stats.latency.observe(perf_counter() - began)
                 except Exception as exc:
                     if (
                         attempt == 0
@@ -817,7 +816,12 @@ class Dispatcher:
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
         if messages or delayed:
-            function.stats.messages_out += len(messages) + len(delayed)
+            function.stats.messages_out += len(messages) + _scheduled(delayed)
         return functools.partial(
             self._emit, key, self._address(key), messages, delayed, egress.items()
         )
+
+
+def _scheduled(delayed: list[DelayedMessage]) -> int:
+    """Delayed messages sent, without the cancellations among them (not messages)."""
+    return sum(1 for entry in delayed if entry.message is not None)

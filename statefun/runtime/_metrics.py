@@ -79,7 +79,9 @@ class JobCollector(Collector):
             "function_messages_in", "messages handed to a function type, failed attempts too", label
         )
         messages_out = _counter(
-            "function_messages_out", "messages a function type sent (delayed ones too)", label
+            "function_messages_out",
+            "messages a function type sent (delayed ones too, not their cancellations)",
+            label,
         )
         failures = _counter(
             "function_failures",

@@ -92,3 +92,16 @@ def test_a_write_gives_the_value_its_full_ttl_again(job: JobHarness) -> None:
     assert job.state("test/ttl", "k") == {"value": "v2"}
     job.advance(MS)
     assert job.state("test/ttl", "k") == {}
+
+
+def test_messages_out_counts_delayed_messages_but_not_their_cancellations(
+    job: JobHarness,
+) -> None:
+    from statefun.runtime._status import status_details
+
+    job.send("test/reminder", "drop", "arm")
+    job.run_until_idle()
+    job.send("test/reminder", "drop", "disarm")
+    job.advance(timedelta(days=1))
+    counts = status_details(job._job)["functions"]["test/reminder"]
+    assert counts["messages_out"] == 1, counts
