@@ -302,14 +302,25 @@ def _partitions_of(log: str) -> set[int]:
     return found
 
 
-def rebalance_gap(cluster: Cluster, reader: Reader, moved: set[int], since: float) -> float:
-    """Seconds from ``since`` to the first output of a key in ``moved`` partitions after it."""
+def rebalance_gap(
+    cluster: Cluster, reader: Reader, moved: set[int], since: float, wait_s: float = 45.0
+) -> float:
+    """Seconds from ``since`` to the first output of a key in ``moved`` partitions after it,
+    waiting up to ``wait_s`` for it (a transaction the lost worker left open holds readers back
+    until the broker aborts it: the transaction timeout plus its check, under load longer)."""
     max_p = cluster.config.max_parallelism
-    for at, key, _ in reader.seen:
-        partition = cluster.config.partition_of(key_group_for("cluster/hop", key, max_p))
-        if at > since and partition in moved:
-            return at - since
-    raise AssertionError("no output of the moved key groups after the rebalance")
+    deadline = time.monotonic() + wait_s
+    checked = 0
+    while True:
+        seen = reader.seen[checked:]
+        checked += len(seen)
+        for at, key, _ in seen:
+            partition = cluster.config.partition_of(key_group_for("cluster/hop", key, max_p))
+            if at > since and partition in moved:
+                return at - since
+        if time.monotonic() > deadline:
+            raise AssertionError("no output of the moved key groups after the rebalance")
+        time.sleep(0.2)
 
 
 def test_a_paused_worker_is_fenced_and_its_key_groups_move(cluster: Cluster) -> None:
