@@ -19,6 +19,7 @@ shares of one core. Every record must arrive once (``read_committed``).
     .venv/bin/python bench/cluster.py                 # about 4 minutes
     .venv/bin/python bench/cluster.py --quick         # about 2 minutes
     .venv/bin/python bench/cluster.py --smoke --bootstrap 127.0.0.1:9092  # does it run?
+    .venv/bin/python bench/cluster.py --quick --profile /tmp/prof  # where the CPU goes
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
 """
@@ -107,6 +108,10 @@ def start(
     else:
         command += ["--set", f"checkpoint_dir={folder / 'checkpoints'}"]
     env = {**os.environ, "BENCH_KAFKA_OUT": out}
+    if args.profile:  # every process of the tree profiles its threads (bench/_profile_site)
+        site = str(ROOT / "bench" / "_profile_site")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH", "")]))
+        env["BENCH_PROFILE_DIR"] = str(Path(args.profile).resolve() / f"{mode}-{job}")
     with (tmp / f"{mode}-{job}.log").open("wb") as err:
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=folder)
 
@@ -220,6 +225,12 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
     parser.add_argument("--log-level", default="warning", help="of the runtime processes")
     parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile the runtime's processes (cProfile per thread, slower): pstats and "
+        "per-thread CPU into DIR/<mode>-<job>/",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     if args.smoke:

@@ -8,7 +8,9 @@ every partition it owns:
   (``state/_codec.py``'s encoding; empty bytes: the address has no state any more);
 * one *cut* record, key ``<partition>:c``: the partition's messages in flight at the cut
   (per address in processing order) and its pending delayed messages (kept with the sender's
-  key group: a cancellation comes from the sender, which runs where its key group is).
+  key group: a cancellation comes from the sender, which runs where its key group is); left
+  out when it is the one the worker wrote at its previous checkpoint (so a partition where
+  nothing happened is not in the transaction, and gets no commit marker).
 
 The topic is compacted, so it keeps the latest record of each key: the latest state of each
 address and the latest cut of each partition. A worker that is assigned a partition reads it
@@ -39,13 +41,16 @@ from statefun.cluster._config import ClusterConfig
 from statefun.egress.kafka import Row
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
-from statefun.state._codec import decode_values, encode_values
+from statefun.state._codec import decode_values, values_to_wire
 from statefun.state.base import AddressKey, StateValues
 from statefun.state.memory import MemoryStateBackend
 
 __all__ = ["Restored", "TrackedMemoryState", "changelog_rows", "restore_partitions"]
 
 _SEPARATOR = "\x1f"
+_memory_put = MemoryStateBackend.put
+#: one packer for the event loop's encodings (``packb`` makes a packer per call)
+_PACK = msgpack.Packer(use_bin_type=True).pack
 
 
 class TrackedMemoryState(MemoryStateBackend):
@@ -56,7 +61,7 @@ class TrackedMemoryState(MemoryStateBackend):
         self._changed: set[tuple[int, AddressKey]] = set()
 
     def put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
-        super().put(key_group, key, values)
+        _memory_put(self, key_group, key, values)
         self._changed.add((key_group, key))
 
     def restore_put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
@@ -83,20 +88,28 @@ def changelog_rows(
     messages: Iterable[Envelope],
     timers: Iterable[DelayedEntry],
     partitions: Iterable[int],
+    last_cuts: dict[int, bytes] | None = None,
 ) -> list[Row]:
     """The changelog records of one checkpoint's cut, for the partitions this worker owns:
-    the state of the addresses in ``changed`` as it is now, and each partition's cut."""
+    the state of the addresses in ``changed`` as it is now, and each partition's cut.
+
+    ``last_cuts`` (partition -> the cut record's value this worker wrote last, kept by the
+    caller across its checkpoints): a partition whose cut is the same again gets no new cut
+    record (the changelog's latest is that one), so an idle partition is left out of the
+    transaction; the dict is updated with the cuts written."""
     topic = config.changelog_topic
     owned = set(partitions)
-    max_p = config.max_parallelism
+    max_p, parts = config.max_parallelism, config.partitions
+    get = state.get
     rows: list[Row] = []
-    for key_group, (typename, id_) in changed:
-        partition = config.partition_of(key_group)
+    append = rows.append
+    for key_group, key in changed:
+        partition = key_group * parts // max_p
         if partition not in owned:
             continue
-        values = state.get(key_group, (typename, id_))
-        key = f"{partition}:s:{key_group}:{typename}{_SEPARATOR}{id_}"
-        rows.append((topic, key, encode_values(values) if values else b"", None))
+        values = get(key_group, key)
+        name = f"{partition}:s:{key_group}:{key[0]}{_SEPARATOR}{key[1]}"
+        append((topic, name, _PACK(values_to_wire(values)) if values else b"", None))
     in_flight: dict[int, list[Envelope]] = {p: [] for p in owned}
     for envelope in messages:
         partition = config.partition_of(key_group_for(envelope.typename, envelope.id, max_p))
@@ -108,11 +121,12 @@ def changelog_rows(
         if partition in delayed:
             delayed[partition].append(entry)
     for partition in sorted(owned):
-        value = msgpack.packb(
-            [encode_envelopes(in_flight[partition]), encode_timers(delayed[partition])],
-            use_bin_type=True,
-        )
-        rows.append((topic, f"{partition}:c", bytes(value), None))
+        value = _PACK([encode_envelopes(in_flight[partition]), encode_timers(delayed[partition])])
+        if last_cuts is not None:
+            if last_cuts.get(partition) == value:
+                continue
+            last_cuts[partition] = value
+        append((topic, f"{partition}:c", value, None))
     return rows
 
 
@@ -145,6 +159,9 @@ def restore_partitions(
         auto_offset_reset="earliest",
         client_id=f"pystatefun-{config.worker_id}-restore",
     )
+    from statefun.ingress._kafka_fetch import install
+
+    install(reader)  # the ingress's lean reader of fetched batches, when it fits
     latest: dict[bytes, bytes] = {}
     try:
         reader.assign(wanted)

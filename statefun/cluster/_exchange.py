@@ -35,6 +35,7 @@ __all__ = [
     "InternalPartitioner",
     "WorkerTransactions",
     "decode_message",
+    "decode_messages",
     "exchange_row",
     "partition_in_key",
 ]
@@ -49,16 +50,31 @@ def partition_in_key(key: bytes) -> int:
     return int(key[: key.index(b":")])
 
 
+#: one packer for the event loop's encodings (``packb`` makes a packer per call)
+_PACK = msgpack.Packer(use_bin_type=True).pack
+
+
 def exchange_row(config: ClusterConfig, key_group: int, envelope: Envelope) -> Row:
     """``envelope``, for the worker that owns ``key_group``, as an exchange record."""
-    key = f"{config.partition_of(key_group)}:{envelope.typename}{_SEPARATOR}{envelope.id}"
-    value = bytes(msgpack.packb(envelope_row(envelope), use_bin_type=True))
-    return (config.exchange_topic, key, value, None)
+    key = f"{key_group * config.partitions // config.max_parallelism}:{envelope.typename}"
+    return (
+        config.exchange_topic,
+        f"{key}{_SEPARATOR}{envelope.id}",
+        _PACK(envelope_row(envelope)),
+        None,
+    )
 
 
 def decode_message(value: bytes) -> Envelope:
     """An exchange record's value as the message it carries."""
     return envelope_from_row(msgpack.unpackb(value, raw=False))
+
+
+def decode_messages(values: list[bytes]) -> list[Envelope]:
+    """Exchange records' values as their messages, in order (one unpacker for them all)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1 << 20, 2 * sum(map(len, values))))
+    unpacker.feed(b"".join(values))
+    return [envelope_from_row(row) for row in unpacker]
 
 
 class InternalPartitioner(KeyPartitioner):

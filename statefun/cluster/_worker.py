@@ -154,6 +154,8 @@ class Epoch:
         self._checkpoint_id = 0
         self._last_offsets: dict[tuple[str, int], int] = {}
         self._last_cut_empty = False
+        #: partition -> its cut record as this epoch last wrote it (an equal one is not written)
+        self._last_cuts: dict[int, bytes] = {}
         self.job: Job | None = None
         self.source: ExchangeSource | None = None
         self._forwarders: list[ForwardingKafkaSink] = []
@@ -289,7 +291,7 @@ class Epoch:
             ):
                 return False
             rows = changelog_rows(
-                self.config, self.state, changed, messages, timers, self.partitions
+                self.config, self.state, changed, messages, timers, self.partitions, self._last_cuts
             )
             self.transactions.write_rows(rows)
             kafka = import_kafka()
