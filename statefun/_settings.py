@@ -409,10 +409,11 @@ class Settings:
         metadata=_doc("a worker's heartbeats to the group (at most a third of the session)"),
     )
     cluster_transaction_timeout_ms: int = field(
-        default=10_000,
+        default=0,
         metadata=_doc(
             "the broker aborts a worker's open transaction after this long: how long the key "
-            "groups of a worker that died for good wait before another reads past its output"
+            "groups of a worker that died for good wait before another reads past its output; "
+            "longer than checkpoint_interval_ms; 0: three checkpoint intervals, at least 5 s"
         ),
     )
     cluster_replication_factor: int = field(
@@ -558,7 +559,6 @@ _LOWER_BOUNDS: dict[str, int] = {
     "cluster_replication_factor": 1,
     "cluster_session_timeout_ms": 1,
     "cluster_heartbeat_interval_ms": 1,
-    "cluster_transaction_timeout_ms": 1,
     "progress_interval_ms": 100,
 }
 

@@ -459,6 +459,9 @@ def _server_properties(
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # Look for timed-out transactions every second (Kafka's default is 10 s): a clustered
+        # worker killed while it commits holds back read_committed readers until then.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         # Small files and few threads: a test broker on a small machine.
         "log.segment.bytes": str(16 * 1024 * 1024),
         "log.index.size.max.bytes": str(1024 * 1024),

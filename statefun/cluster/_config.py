@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from statefun._exceptions import ConfigurationError
 from statefun._settings import Settings
 
-__all__ = ["ClusterConfig", "cluster_config"]
+__all__ = ["ClusterConfig", "cluster_config", "transaction_timeout_ms"]
 
 #: Kafka's legal topic characters; a job id becomes part of topic and group names
 _LEGAL = re.compile(r"[A-Za-z0-9._-]+")
@@ -81,6 +81,22 @@ class ClusterConfig:
         return range(-(-partition * max_p // p), -(-(partition + 1) * max_p // p))
 
 
+#: the shortest transaction timeout chosen for ``cluster_transaction_timeout_ms`` 0: a commit
+#: that a loaded machine slows down must not be aborted (the worker would fail and restart)
+_MIN_AUTO_TRANSACTION_TIMEOUT_MS = 5_000
+
+
+def transaction_timeout_ms(settings: Settings) -> int:
+    """A worker's transaction timeout: ``cluster_transaction_timeout_ms``, or for 0 three
+    checkpoint intervals and at least 5 s. A worker produces its records at the cut, so its
+    transaction is open only while a checkpoint commits; the timeout is how long a worker
+    killed then holds back the readers of what it wrote, unless it restarts sooner."""
+    chosen = settings.cluster_transaction_timeout_ms
+    if chosen:
+        return chosen
+    return max(3 * settings.checkpoint_interval_ms, _MIN_AUTO_TRANSACTION_TIMEOUT_MS)
+
+
 def cluster_config(settings: Settings, worker_id: str | None = None) -> ClusterConfig | None:
     """The cluster configuration ``settings`` ask for; None when the job runs in one process
     (``cluster_bootstrap_servers`` empty). Raises a one-line ConfigurationError naming the
@@ -119,11 +135,12 @@ def cluster_config(settings: Settings, worker_id: str | None = None) -> ClusterC
             f"at most a third of cluster_session_timeout_ms "
             f"({settings.cluster_session_timeout_ms})"
         )
-    if settings.cluster_transaction_timeout_ms <= settings.checkpoint_interval_ms:
+    transaction_timeout = transaction_timeout_ms(settings)
+    if transaction_timeout <= settings.checkpoint_interval_ms:
         raise ConfigurationError(
-            f"cluster_transaction_timeout_ms ({settings.cluster_transaction_timeout_ms}) must "
-            f"be longer than checkpoint_interval_ms ({settings.checkpoint_interval_ms}): a "
-            "transaction stays open from one checkpoint to the next"
+            f"cluster_transaction_timeout_ms ({transaction_timeout}) must be longer than "
+            f"checkpoint_interval_ms ({settings.checkpoint_interval_ms}): a worker's "
+            "transaction would be aborted before its checkpoint commits"
         )
     return ClusterConfig(
         bootstrap_servers=servers,
@@ -133,6 +150,6 @@ def cluster_config(settings: Settings, worker_id: str | None = None) -> ClusterC
         max_parallelism=settings.max_parallelism,
         session_timeout_ms=settings.cluster_session_timeout_ms,
         heartbeat_interval_ms=settings.cluster_heartbeat_interval_ms,
-        transaction_timeout_ms=settings.cluster_transaction_timeout_ms,
+        transaction_timeout_ms=transaction_timeout,
         replication_factor=settings.cluster_replication_factor,
     )

@@ -248,3 +248,38 @@ def test_consumed_offsets_commit_with_the_transaction(
     assert [value for _, value in consume_all(bootstrap, output)] == [
         f"out-{i}".encode() for i in range(5)
     ]
+
+
+def test_a_transaction_left_open_is_aborted_soon_after_its_timeout(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    """A producer that dies inside a transaction holds read_committed readers back until the
+    broker aborts the transaction: its timeout, found by a check the helper runs every second
+    (Kafka's default, every 10 s, fails this test about half the time)."""
+    if kafka_broker.pid is None:
+        pytest.skip("an external broker checks for timed-out transactions on its own terms")
+    bootstrap = kafka_broker.bootstrap_servers
+    dead = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=unique("tx"),
+        enable_idempotence=True,
+        acks="all",
+        transaction_timeout_ms=1000,
+    )
+    plain = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        dead.init_transactions()
+        dead.begin_transaction()
+        dead.send(topic, b"open")
+        dead.flush()
+        plain.send(topic, b"after")
+        plain.flush()
+        started = time.monotonic()
+        seen: list[bytes] = []
+        while b"after" not in seen and time.monotonic() < started + 6:  # 1 s + 1 s + margin
+            seen = [value for _, value in consume_all(bootstrap, topic, timeout=2)]
+            time.sleep(0.2)
+        assert seen == [b"after"]
+    finally:
+        plain.close()
+        dead.close(timeout=0)

@@ -78,12 +78,44 @@ def test_a_partition_is_a_key_group_by_default() -> None:
             {"cluster.transaction_timeout_ms": "1000"},
             r"^cluster_transaction_timeout_ms \(1000\) must be longer than checkpoint_interval",
         ),
+        (
+            {"cluster.transaction_timeout_ms": "2000", "checkpoint_interval_ms": "2500"},
+            r"^cluster_transaction_timeout_ms \(2000\) must be longer than checkpoint_interval_ms "
+            r"\(2500\)",
+        ),
+        (
+            {"cluster.transaction_timeout_ms": "-1"},
+            r"^cluster_transaction_timeout_ms must be at least 0, got -1$",
+        ),
     ],
 )
 def test_bad_cluster_settings_are_one_line(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message) as caught:
         cluster_config(_settings(**overrides))
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("interval_ms", "chosen_ms", "expected_ms"),
+    [
+        (1000, 0, 5000),  # three intervals, at least 5 s
+        (300, 0, 5000),
+        (2500, 0, 7500),
+        (60_000, 0, 180_000),
+        (1000, 2000, 2000),  # as set
+        (1000, 60_000, 60_000),
+    ],
+)
+def test_the_transaction_timeout_is_a_few_checkpoint_intervals(
+    interval_ms: int, chosen_ms: int, expected_ms: int
+) -> None:
+    settings = _settings(
+        checkpoint_interval_ms=str(interval_ms),
+        **{"cluster.transaction_timeout_ms": str(chosen_ms)},
+    )
+    config = cluster_config(settings)
+    assert config is not None
+    assert config.transaction_timeout_ms == expected_ms
 
 
 def test_cluster_settings_are_range_checked_at_load() -> None:
