@@ -11,7 +11,8 @@ job's exchange topic). Modes, each its own process tree, one after the other:
   cluster-2   ``statefun run --workers 2`` (two workers on this machine)
 
 Per mode and job: records/s draining a backlog (``--records`` records over 4 partitions, read
-from the beginning; from the first output record to the last, plus one checkpoint interval),
+from the beginning; from the first output record to the last, plus one checkpoint interval)
+with the CPU each worker process and the broker spent per record meanwhile,
 then p50/p99 end-to-end latency at ``--rate`` records/s for ``--seconds``, with the CPU time
 of every worker process and of the broker (when this script started it) over that phase, as
 shares of one core. Every record must arrive once (``read_committed``).
@@ -60,6 +61,8 @@ class Result:
     p99_ms: float
     worker_cpu: list[float]  # % of a core, each worker process
     broker_cpu: float | None
+    drain_us: list[float]  # CPU per backlog record while draining, us, each worker process
+    broker_drain_us: float | None
 
 
 def children(pid: int) -> list[int]:
@@ -129,11 +132,15 @@ def run(
     live, out = f"{tag}-live", f"{tag}-out"
     create_topics(bootstrap, live, out)
     reader = Reader(bootstrap, out)
+    broker_start = cpu_seconds(broker_pid) if broker_pid else 0.0
     process = start(mode, job, bootstrap, [backlog, live], out, tmp, args)
     n, want = args.records, int(args.rate * args.seconds)
     arrivals: list[float] = []
     latencies: list[float] = []
-    seen = extra = 0
+    seen = extra = first = 0
+    drain_pids: list[int] = []
+    drain_before: list[float] = []
+    broker_drain_before = 0.0
     feeder = None
     try:
         progress(f"[{tag}] backlog of {n:,}")
@@ -142,10 +149,28 @@ def run(
             expect(process.poll() is None, f"{tag}: exited {process.returncode}, see {tmp}")
             expect(time.monotonic() < deadline, f"{tag}: {seen} of {n} after the deadline")
             got = sum(1 for value in reader.poll() if value[:1] == b"T")
+            if not got and arrivals and not drain_pids:
+                # The CPU of the drain is counted from here, once the first commit's records
+                # are read, to the last record: per record of the commits after the first.
+                drain_pids = children(process.pid) if MODES[mode] else [process.pid]
+                drain_before = [cpu_seconds(p) for p in drain_pids]
+                broker_drain_before = cpu_seconds(broker_pid) if broker_pid else 0.0
+                first = seen
             if got:
                 seen += got
                 arrivals.append(time.monotonic())
+        if not drain_pids:  # the whole backlog in one commit: counted from its start
+            drain_pids = children(process.pid) if MODES[mode] else [process.pid]
+            drain_before, broker_drain_before, first = [0.0] * len(drain_pids), broker_start, 0
         drain = max(arrivals[-1] - arrivals[0] + args.interval_ms / 1000, 0.001)
+        counted = max(n - first, 1)
+        drain_us = [
+            1e6 * (cpu_seconds(p) - b) / counted
+            for p, b in zip(drain_pids, drain_before, strict=True)
+        ]
+        broker_drain_us = (
+            1e6 * (cpu_seconds(broker_pid) - broker_drain_before) / counted if broker_pid else None
+        )
         progress(f"[{tag}]   {n / drain:,.0f} records/s")
         pids = children(process.pid) if MODES[mode] else [process.pid]
         before = [cpu_seconds(p) for p in pids]
@@ -181,9 +206,20 @@ def run(
     expect(extra == 0, f"{tag}: {extra} records arrived twice")
     ordered = sorted(latencies)
     result = Result(
-        mode, job, n / drain, percentile(ordered, 0.5), percentile(ordered, 0.99), cpu, broker
+        mode,
+        job,
+        n / drain,
+        percentile(ordered, 0.5),
+        percentile(ordered, 0.99),
+        cpu,
+        broker,
+        drain_us,
+        broker_drain_us,
     )
-    progress(f"[{tag}]   p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, CPU {cpu}")
+    progress(
+        f"[{tag}]   p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, CPU {cpu}; "
+        f"drain CPU per record {drain_us} us, broker {broker_drain_us}"
+    )
     return result
 
 
@@ -194,14 +230,19 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         f"and CPU at {args.rate:,.0f} records/s for {args.seconds:g} s; checkpoints every "
         f"{args.interval_ms} ms; cluster_partitions {args.partitions}\n"
     )
-    print("| job | mode | records/s | p50 | p99 | CPU per worker | broker CPU |")
-    print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
+    print(
+        "| job | mode | records/s | drain CPU/record: workers | broker | p50 | p99 | "
+        "CPU per worker | broker CPU |"
+    )
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
     for r in results:
         workers = " + ".join(f"{c:.0f}%" for c in r.worker_cpu)
         broker = "-" if r.broker_cpu is None else f"{r.broker_cpu:.0f}%"
+        per_record = " + ".join(f"{c:.1f}" for c in r.drain_us) + " us"
+        broker_us = "-" if r.broker_drain_us is None else f"{r.broker_drain_us:.1f} us"
         print(
-            f"| {r.job} | {r.mode} | {r.records_per_s:,.0f} | {r.p50_ms:,.1f} ms | "
-            f"{r.p99_ms:,.1f} ms | {workers} | {broker} |"
+            f"| {r.job} | {r.mode} | {r.records_per_s:,.0f} | {per_record} | {broker_us} | "
+            f"{r.p50_ms:,.1f} ms | {r.p99_ms:,.1f} ms | {workers} | {broker} |"
         )
     print()
     for job in JOBS:
