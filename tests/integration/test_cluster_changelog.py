@@ -12,7 +12,12 @@ import pytest
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._changelog import (
+    TrackedMemoryState,
+    changelog_rows,
+    read_changelog,
+    restore_partitions,
+)
 from statefun.cluster._exchange import WorkerTransactions
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
@@ -90,6 +95,11 @@ def test_committed_checkpoints_come_back_aborted_ones_do_not(config: ClusterConf
     assert got == {(FN, id_): bytes([8, 2 if id_ == "k0" else 1]) for id_ in ids if id_ != "k1"}
     assert all(kg == _kg(key[1], config) for kg, key, _ in restored.state)
     assert restored.messages == [] and restored.timers == []
+
+    # k1's state is gone as a Kafka tombstone (value None), which compaction deletes
+    k1 = f"{config.partition_of(_kg('k1', config))}:s:{_kg('k1', config)}:{FN}\x1fk1".encode()
+    latest, _ = read_changelog(config, partitions)
+    assert k1 in latest and latest[k1] is None
 
     # only the partitions asked for
     one = config.partition_of(_kg("k0", config))
