@@ -21,6 +21,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     from statefun.runtime._commands import _module_arguments
 
     _module_arguments(parser, "to run (the same in every worker of the job)")
+    from statefun.cluster._savepoints import add_seed_arguments
+
+    add_seed_arguments(parser)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -52,6 +55,10 @@ def worker(args: argparse.Namespace) -> int:
         config.partitions,
         settings.checkpoint_interval_ms,
     )
+    if args.from_savepoint:
+        from statefun.cluster._savepoints import seed_savepoint_argument
+
+        seed_savepoint_argument(module, settings, args)
     cluster_worker = ClusterWorker(module, settings, config)
 
     async def main() -> None:
