@@ -107,7 +107,7 @@ def _group_offsets(
             f"cluster: cannot reach Kafka at {config.bootstrap_servers}: {exc}"
         ) from exc
     try:
-        found = admin.list_consumer_group_offsets(config.group_id)
+        found = admin.list_group_offsets({config.group_id: None}).get(config.group_id)
     finally:
         admin.close()
     committed = {
