@@ -25,7 +25,6 @@ changelog; a job restored from the savepoint learns them again from the function
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,6 @@ from statefun.checkpoint.storage import CUT_FILE, FORMAT_VERSION, CheckpointStor
 from statefun.cluster._changelog import Restored, decode_records, read_changelog
 from statefun.cluster._config import ClusterConfig, cluster_config
 from statefun.cluster._exchange import decode_message
-from statefun.cluster._status import group_ownership
 from statefun.module._specs import KafkaIngressSpec, ModuleSpec
 from statefun.runtime._timers import DelayedEntry
 from statefun.state.memory import MemoryStateBackend
@@ -52,23 +50,15 @@ __all__ = ["export_command", "write_savepoint"]
 _READ_TIMEOUT_S = 60.0
 
 
-def export_command(args: argparse.Namespace) -> Path:
+def export_command(module: ModuleSpec, settings: Settings, directory: str | None) -> Path:
     """``statefun savepoint create --cluster``: the savepoint folder written."""
-    from statefun.module import load_module
-    from statefun.runtime._commands import _settings_overrides
-
-    overrides = _settings_overrides(args.settings)
-    if args.parallelism is not None:
-        overrides["parallelism"] = str(args.parallelism)
-    settings = Settings.load(overrides)
     config = cluster_config(settings)
     if config is None:
         raise ConfigurationError(
             "statefun savepoint create --cluster needs --set cluster.bootstrap_servers=HOST:PORT "
             "and --set cluster.job_id=NAME"
         )
-    module = load_module(*[Path(m) for m in args.modules])
-    root = Path(args.dir or settings.savepoint_dir or ".statefun/savepoints")
+    root = Path(directory or settings.savepoint_dir or ".statefun/savepoints")
     return write_savepoint(module, settings, config, root)
 
 
@@ -76,18 +66,11 @@ def write_savepoint(
     module: ModuleSpec, settings: Settings, config: ClusterConfig, root: Path
 ) -> Path:
     """Read the stopped job's topics and write a savepoint folder under ``root`` (blocking)."""
-    group_state, members = group_ownership(config)
-    if members:
-        raise ConfigurationError(
-            f"job {config.job_id} has {len(members)} running worker(s) (group {config.group_id} "
-            f"{group_state}: {', '.join(m.worker for m in members)}): stop them first, a "
-            "savepoint of a running clustered job would not be one consistent cut"
-        )
+    committed, ends = _group_offsets(config, module)
     latest, _ = read_changelog(
         config, range(config.partitions), _READ_TIMEOUT_S, client="savepoint"
     )
     restored = decode_records(latest)
-    committed, ends = _group_offsets(config, module)
     restored.messages.extend(_exchange_tail(config, committed))
     positions = _positions(module, committed, ends)
     return _write(settings, restored, positions, root)
@@ -96,7 +79,8 @@ def write_savepoint(
 def _group_offsets(
     config: ClusterConfig, module: ModuleSpec
 ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], tuple[int, int]]]:
-    """The group's committed offsets, and (beginning, end) of every input partition."""
+    """The group's committed offsets (refused while the group has members), and (beginning,
+    end) of every input partition."""
     kafka = import_kafka()
     try:
         admin = kafka.KafkaAdminClient(
@@ -107,6 +91,14 @@ def _group_offsets(
             f"cluster: cannot reach Kafka at {config.bootstrap_servers}: {exc}"
         ) from exc
     try:
+        described = admin.describe_groups([config.group_id]).get(config.group_id) or {}
+        members = [str(m.get("client_id") or "?") for m in described.get("members") or []]
+        if members:
+            raise ConfigurationError(
+                f"job {config.job_id} has {len(members)} running worker(s) (group "
+                f"{config.group_id}: {', '.join(sorted(members))}): stop them first, a "
+                "savepoint of a running clustered job would not be one consistent cut"
+            )
         found = admin.list_group_offsets({config.group_id: None}).get(config.group_id)
     finally:
         admin.close()

@@ -342,7 +342,8 @@ def savepoint(args: argparse.Namespace) -> int:
     if args.action == "create" and args.cluster:  # from a stopped clustered job's topics
         from statefun.cluster._savepoint_export import export_command
 
-        sys.stdout.write(f"{export_command(args)}\n")
+        module, settings = _load(args)
+        sys.stdout.write(f"{export_command(module, settings, args.dir)}\n")
         return 0
     if args.action == "create":
         _check_http_url("--admin-url", args.admin_url)

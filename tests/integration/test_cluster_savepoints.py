@@ -30,6 +30,7 @@ from statefun._settings import Settings
 from statefun.cluster import cluster_config, ensure_topics
 from statefun.cluster._changelog import read_changelog, restore_partitions
 from statefun.cluster._config import ClusterConfig
+from statefun.cluster._savepoint_export import write_savepoint
 from statefun.cluster._savepoints import SavepointContents, seed_changelog, seed_from_savepoint
 from statefun.cluster._status import group_ownership
 from statefun.module import load_module
@@ -114,6 +115,7 @@ def _wait_members(config: ClusterConfig, count: int, seconds: float = 60) -> Non
 def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap: str) -> None:
     cluster = Cluster(tmp_path, bootstrap)
     module = load_module(cluster.module)
+    cluster_settings = Settings.load(cluster.settings("again"), environ={})
     # 1. one process; no periodic checkpoint, so the savepoint is the only commit of output
     single, log, port = _single_process(
         cluster,
@@ -154,13 +156,15 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
         seen = read_outputs(cluster.bootstrap, cluster.output, 2500, 120)
         assert set(seen) == {str(seq) for seq in range(2500)}
         assert [value for value, n in seen.items() if n > 1] == []
+        # no savepoint of a running clustered job: it would not be one cut
+        with pytest.raises(ConfigurationError, match=r"has 2 running worker\(s\)"):
+            write_savepoint(module, cluster_settings, cluster.config, tmp_path / "early")
     finally:
         _stop(supervisor, log)
     assert "seeded from" in log.read_text()
     assert state_counts(cluster.config) == model_counts(2500)
     # the same command line again does not seed again: the job goes on from its state
-    settings = Settings.load(cluster.settings("again"), environ={})
-    assert not seed_from_savepoint(module, settings, cluster.config, first)
+    assert not seed_from_savepoint(module, cluster_settings, cluster.config, first)
 
     # 3. the stopped clustered job's savepoint, into one process again
     made = subprocess.run(
@@ -176,7 +180,7 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
     assert _savepoint_state(second) == model_counts(2500)
     # a job with state of its own is refused another savepoint
     with pytest.raises(ConfigurationError, match=r"has state already \(from the savepoint"):
-        seed_from_savepoint(module, settings, cluster.config, second)
+        seed_from_savepoint(module, cluster_settings, cluster.config, second)
     single, log, _ = _single_process(cluster, tmp_path / "again", "--from-savepoint", str(second))
     try:
         cluster.feed(2500, 500)
@@ -207,9 +211,10 @@ def test_seeders_at_once_seed_once(bootstrap: str) -> None:
         identity={"id": 7, "created_ms": 1, "metadata_crc32c": 2, "path": "sp"},
     )
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(lambda _: seed_changelog(config, ModuleSpec(), contents), range(4)))
+        seeds = [pool.submit(seed_changelog, config, ModuleSpec(), contents) for _ in range(4)]
+        outcomes = [seed.result() for seed in seeds]
     assert sorted(outcomes) == [False, False, False, True]
-    latest, records = read_changelog(config, range(config.partitions))
+    _, records = read_changelog(config, range(config.partitions))
     assert records == 1 + 8 + config.partitions  # one seed record, 8 addresses, 4 cuts
     restored = restore_partitions(config, range(config.partitions))
     assert sorted(key for _, key, _ in restored.state) == sorted(
