@@ -163,8 +163,18 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
         _stop(supervisor, log)
     assert "seeded from" in log.read_text()
     assert state_counts(cluster.config) == model_counts(2500)
-    # the same command line again does not seed again: the job goes on from its state
-    assert not seed_from_savepoint(module, cluster_settings, cluster.config, first)
+    # a worker started with the same savepoint does not seed again: it goes on from the state
+    args = [*STATEFUN, "worker", str(cluster.module), "--from-savepoint", str(first)]
+    args += [f"--set={n}={v}" for n, v in cluster.settings("again").items()]
+    log = tmp_path / "again.log"
+    with log.open("wb") as err:
+        worker = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        _wait_members(cluster.config, 1)
+    finally:
+        _stop(worker, log)
+    assert "was seeded from this savepoint before" in log.read_text()
+    assert state_counts(cluster.config) == model_counts(2500)
 
     # 3. the stopped clustered job's savepoint, into one process again
     made = subprocess.run(
@@ -176,6 +186,8 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
     )
     assert made.returncode == 0, made.stderr
     second = Path(made.stdout.strip())
+    exported = json.loads((second / "_metadata").read_text())
+    print(f"clustered savepoint: {exported['messages']} message(s) in flight")
     assert second.parent == tmp_path / "out" and second.name.startswith("sp-")
     assert _savepoint_state(second) == model_counts(2500)
     # a job with state of its own is refused another savepoint
