@@ -72,6 +72,11 @@ class TrackedMemoryState(MemoryStateBackend):
         """``put`` of a restored value: not a change to write to the changelog again."""
         MemoryStateBackend.put(self, key_group, key, values)
 
+    def group(self, key_group: int) -> Mapping[AddressKey, StateValues]:
+        """The addresses of ``key_group`` and their values, as held now (read, do not keep:
+        the next ``put`` may change it)."""
+        return self._groups.get(key_group) or {}
+
     def take_changed(self) -> set[tuple[int, AddressKey]]:
         """The (key group, address) pairs written since the last call; forgets them."""
         changed, self._changed = self._changed, set()

@@ -12,6 +12,7 @@ import pytest
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
+from statefun.cluster._carry import Carried
 from statefun.cluster._changelog import (
     TrackedMemoryState,
     changelog_rows,
@@ -135,3 +136,35 @@ def test_the_cut_keeps_messages_and_timers_by_partition(config: ClusterConfig) -
     others = [p for p in partitions if p != sender_partition]
     assert restore_partitions(config, others).timers == []
     assert restore_partitions(config, [sender_partition]).timers != []
+
+
+def test_a_kept_partition_is_read_again_once_its_changelog_moved(config: ClusterConfig) -> None:
+    """A worker takes a partition from its carried cut only while the changelog partition's
+    end offset (read_committed) is the one read after the cut: a commit or an abort by anyone
+    since moves it."""
+    from statefun.cluster._carry import changelog_ends
+    from statefun.cluster._worker import Epoch
+    from statefun.module._specs import ModuleSpec
+
+    partitions = list(range(config.partitions))
+    carried = Carried(ends=changelog_ends(config, partitions))
+    epoch = Epoch(ModuleSpec(), Settings(), config, None, partitions, [], carried)  # type: ignore[arg-type]
+
+    async def write(commit: bool, partition: int) -> None:
+        tx = WorkerTransactions(config)
+        await tx.start()
+        try:
+            state = TrackedMemoryState()
+            tx.write_rows(changelog_rows(config, state, set(), [], [], [partition]))
+            if commit:
+                assert tx.seal(1, {}, None)
+                await tx.commit(1)
+            else:
+                await tx.flush()
+        finally:
+            await tx.close()  # aborts what did not commit
+
+    assert asyncio.run(epoch._kept()) == partitions
+    asyncio.run(write(True, 1))
+    asyncio.run(write(False, 2))
+    assert asyncio.run(epoch._kept()) == [p for p in partitions if p not in (1, 2)]
