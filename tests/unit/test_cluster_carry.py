@@ -5,48 +5,24 @@ changelog end offset is the one read after the cut committed."""
 from __future__ import annotations
 
 from statefun._keygroups import key_group_for
-from statefun._settings import Settings
-from statefun.cluster import cluster_config
 from statefun.cluster._carry import Carried, carry_cut
 from statefun.cluster._changelog import TrackedMemoryState
-from statefun.cluster._config import ClusterConfig
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
-from statefun.sdk._types import TypedValue
-
-FN = "example/counter"
-
-
-def _config() -> ClusterConfig:
-    settings = Settings.load(
-        {
-            "cluster.bootstrap_servers": "127.0.0.1:1",
-            "cluster.job_id": "carry",
-            "cluster.partitions": "4",
-            "max_parallelism": "8",
-        },
-        environ={},
-    )
-    config = cluster_config(settings)
-    assert config is not None
-    return config
-
-
-def _int(n: int) -> TypedValue:
-    return TypedValue("io.statefun.types/int", bytes([8, n]))
+from tests.unit._cluster import FN, int_value, small_config
 
 
 def test_the_cut_is_copied_and_split_by_partition() -> None:
-    config = _config()
+    config = small_config()
     state = TrackedMemoryState()
     ids = [f"k{i}" for i in range(20)]
     kg = {id_: key_group_for(FN, id_, config.max_parallelism) for id_ in ids}
     for id_ in ids:
-        state.put(kg[id_], (FN, id_), {"n": _int(1)})
+        state.put(kg[id_], (FN, id_), {"n": int_value(1)})
     owned = [0, 1]
-    messages = [Envelope(FN, id_, _int(2), None) for id_ in ids]
+    messages = [Envelope(FN, id_, int_value(2), None) for id_ in ids]
     timers = [
-        DelayedEntry(9, n, Envelope(FN, "k0", _int(3), None), (FN, id_), "t")
+        DelayedEntry(9, n, Envelope(FN, "k0", int_value(3), None), (FN, id_), "t")
         for n, id_ in enumerate(ids)
     ]
     carried = carry_cut(config, state.group, owned, messages, timers)
@@ -54,7 +30,7 @@ def test_the_cut_is_copied_and_split_by_partition() -> None:
     assert 0 < len(mine) < len(ids)
     # written after the cut: not in it
     for id_ in ids:
-        state.put(kg[id_], (FN, id_), {"n": _int(5)})
+        state.put(kg[id_], (FN, id_), {"n": int_value(5)})
     got = {key[1]: values["n"].value for g in carried.groups.values() for key, values in g.items()}
     assert got == dict.fromkeys(mine, bytes([8, 1]))
     assert set(carried.messages) == set(owned) == set(carried.timers)

@@ -5,41 +5,17 @@
 from __future__ import annotations
 
 from statefun._keygroups import key_group_for
-from statefun._settings import Settings
-from statefun.cluster import cluster_config
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, decode_records
-from statefun.cluster._config import ClusterConfig
 from statefun.runtime._envelope import Envelope
-from statefun.sdk._types import TypedValue
-
-FN = "example/counter"
-
-
-def _config() -> ClusterConfig:
-    settings = Settings.load(
-        {
-            "cluster.bootstrap_servers": "127.0.0.1:1",
-            "cluster.job_id": "rows",
-            "cluster.partitions": "4",
-            "max_parallelism": "8",
-        },
-        environ={},
-    )
-    config = cluster_config(settings)
-    assert config is not None
-    return config
-
-
-def _int(n: int) -> TypedValue:
-    return TypedValue("io.statefun.types/int", bytes([8, n]))
+from tests.unit._cluster import FN, int_value, small_config
 
 
 def test_a_cleared_address_is_a_tombstone_and_restores_as_no_state() -> None:
-    config = _config()
+    config = small_config()
     state = TrackedMemoryState()
     kg = {id_: key_group_for(FN, id_, config.max_parallelism) for id_ in ("a", "b")}
-    state.put(kg["a"], (FN, "a"), {"n": _int(1)})
-    state.put(kg["b"], (FN, "b"), {"n": _int(2)})
+    state.put(kg["a"], (FN, "a"), {"n": int_value(1)})
+    state.put(kg["b"], (FN, "b"), {"n": int_value(2)})
     partitions = range(config.partitions)
     first = changelog_rows(config, state, state.take_changed(), [], [], partitions)
     state.put(kg["b"], (FN, "b"), {})
@@ -62,8 +38,8 @@ def test_a_cleared_address_is_a_tombstone_and_restores_as_no_state() -> None:
 
 
 def test_cut_records_and_unknown_kinds() -> None:
-    config = _config()
-    message = Envelope(FN, "k1", _int(7), None)
+    config = small_config()
+    message = Envelope(FN, "k1", int_value(7), None)
     rows = changelog_rows(
         config, TrackedMemoryState(), set(), [message], [], range(config.partitions)
     )

@@ -11,10 +11,8 @@ import pytest
 
 from statefun._exceptions import ConfigurationError
 from statefun._keygroups import key_group_for
-from statefun._settings import Settings
 from statefun.checkpoint.storage import read_checkpoint
 from statefun.checkpoint.verify import verify_files
-from statefun.cluster import cluster_config
 from statefun.cluster._changelog import Restored, decode_records
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import partition_in_key
@@ -34,47 +32,23 @@ from statefun.module._specs import (
     ModuleSpec,
 )
 from statefun.runtime._envelope import Envelope
-from statefun.sdk._types import TypedValue
-
-FN = "example/counter"
-
-
-def _settings() -> Settings:
-    return Settings.load(
-        {
-            "cluster.bootstrap_servers": "127.0.0.1:1",
-            "cluster.job_id": "sp",
-            "cluster.partitions": "4",
-            "max_parallelism": "8",
-        },
-        environ={},
-    )
-
-
-def _config() -> ClusterConfig:
-    config = cluster_config(_settings())
-    assert config is not None
-    return config
-
-
-def _int(n: int) -> TypedValue:
-    return TypedValue("io.statefun.types/int", bytes([8, n]))
+from tests.unit._cluster import FN, int_value, small_config, small_settings
 
 
 def _contents(config: ClusterConfig) -> SavepointContents:
     kg = {i: key_group_for(FN, f"k{i}", config.max_parallelism) for i in range(6)}
     return SavepointContents(
         Path("sp"),
-        state=[(kg[i], (FN, f"k{i}"), {"n": _int(i)}) for i in range(6)],
-        messages=[Envelope(FN, "k1", _int(n), None) for n in range(3)]
-        + [Envelope(FN, "k4", _int(9), None)],
-        timers=[(5_000, (FN, "k3"), "tok", Envelope(FN, "k2", _int(7), None))],
+        state=[(kg[i], (FN, f"k{i}"), {"n": int_value(i)}) for i in range(6)],
+        messages=[Envelope(FN, "k1", int_value(n), None) for n in range(3)]
+        + [Envelope(FN, "k4", int_value(9), None)],
+        timers=[(5_000, (FN, "k3"), "tok", Envelope(FN, "k2", int_value(7), None))],
         identity={"id": 3, "created_ms": 10, "metadata_crc32c": 11, "path": "sp"},
     )
 
 
 def test_seed_rows_restore_the_savepoint_each_in_its_partition() -> None:
-    config = _config()
+    config = small_config()
     contents = _contents(config)
     rows = seed_rows(config, contents)
     assert rows[0][1] == SEED_KEY  # first of partition 0
@@ -98,7 +72,7 @@ def test_seed_rows_restore_the_savepoint_each_in_its_partition() -> None:
 
 
 def test_a_written_savepoint_reads_back_as_one(tmp_path: Path) -> None:
-    config = _config()
+    config = small_config()
     contents = _contents(config)
     restored = Restored(state=contents.state, messages=contents.messages, timers=contents.timers)
     module = ModuleSpec(
@@ -106,11 +80,11 @@ def test_a_written_savepoint_reads_back_as_one(tmp_path: Path) -> None:
             HttpEndpointSpec(FunctionTarget("example", None), "http://127.0.0.1:1/{function.name}"),
         )
     )
-    path = _write(_settings(), restored, {"in": {"t:0": 5}}, tmp_path)
+    path = _write(small_settings(), restored, {"in": {"t:0": 5}}, tmp_path)
     assert path.parent == tmp_path and path.name.startswith("sp-")
     checkpoint = read_checkpoint(path)
     assert checkpoint.is_savepoint and verify_files(checkpoint) > 0
-    back = read_savepoint(path, module, _settings())
+    back = read_savepoint(path, module, small_settings())
     assert sorted(back.state) == sorted(contents.state)
     assert [(m.id, m.value.value) for m in back.messages] == [
         (m.id, m.value.value) for m in contents.messages
@@ -126,8 +100,8 @@ def test_a_written_savepoint_reads_back_as_one(tmp_path: Path) -> None:
         )
     )
     with pytest.raises(ConfigurationError, match=r"example/counter \(6 address\(es\)\)"):
-        read_savepoint(path, other, _settings())
-    assert read_savepoint(path, other, _settings(), allow_dropping_state=True).state == []
+        read_savepoint(path, other, small_settings())
+    assert read_savepoint(path, other, small_settings(), allow_dropping_state=True).state == []
 
 
 def _ingress(ingress_id: str, topic: str, startup: str = "earliest") -> KafkaIngressSpec:
