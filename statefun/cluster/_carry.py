@@ -7,14 +7,21 @@ changelog holds for them - if nothing was written to their changelog partitions 
 
 ``Carried`` is that cut: per key group the addresses' values (shallow copies of the key
 groups' dicts at the cut: values dicts are replaced, never changed in place), per partition
-its messages in flight and delayed messages, and the changelog partitions' end offsets
-(``read_committed``) read after the revoke's commit. At the next assignment, a partition is
-taken from it only if its changelog end offset is the same now: any commit by any worker that
-owned the partition meanwhile (every committed checkpoint writes a cut record for each partition
-its worker owns) or a transaction aborted on it moves the end offset, and so does the marker of
-the revoke's own commit if the broker had not written it yet when the ends were read; every
-such partition is read from the changelog as before. Equal end offsets mean nothing was
-written to the partition since the ends were read, so the changelog holds exactly the cut.
+its messages in flight and delayed messages, the group generation of the epoch, and the
+changelog partitions' end offsets (``read_committed``) read after the revoke's checkpoint. At
+the next assignment, a partition is taken from it only if both hold:
+
+* the new assignment's generation is the next one: no generation went by without this
+  worker (one does when its session expired, a paused worker's), in which another worker may
+  have owned the partition. Within the cut's generation the worker alone owned it: its epoch
+  started from the changelog after any older owner's transaction was resolved (the committed
+  offset fetch waits for it), an older owner cannot commit in this generation (KIP-447), and
+  the revoke's own cut is what the worker's last commit wrote, or what it held unchanged since;
+* the changelog partition's end offset is still the carried one: any commit or abort on it
+  since moves it (defence in depth; also when the revoke's own commit marker was not written
+  yet as the ends were read, which costs a read of the changelog, not correctness).
+
+Every other partition is read from the changelog as before.
 """
 
 from __future__ import annotations
@@ -47,9 +54,12 @@ class Carried:
     timers: dict[int, list[DelayedEntry]] = field(default_factory=dict)
     #: partition -> the changelog's end offset (``read_committed``) after the cut committed
     ends: dict[int, int] = field(default_factory=dict)
+    #: the group generation the cut was taken in
+    generation: int = -1
 
     def usable(self, partitions: Iterable[int], ends: dict[int, int]) -> list[int]:
-        """Of ``partitions``, those whose changelog end offset is still the carried one."""
+        """Of ``partitions``, those whose changelog end offset is still the carried one (the
+        caller checks the generation)."""
         return sorted(p for p in partitions if p in self.ends and ends.get(p) == self.ends[p])
 
 
@@ -59,11 +69,14 @@ def carry_cut(
     partitions: Iterable[int],
     messages: Iterable[Envelope],
     timers: Iterable[DelayedEntry],
+    generation: int,
 ) -> Carried:
     """The cut of ``partitions`` (``group``: a key group's addresses, as the state holds them
     now; copied here, at the cut)."""
     owned = set(partitions)
-    carried = Carried(messages={p: [] for p in owned}, timers={p: [] for p in owned})
+    carried = Carried(
+        messages={p: [] for p in owned}, timers={p: [] for p in owned}, generation=generation
+    )
     for partition in owned:
         for key_group in config.key_groups_of(partition):
             addresses = group(key_group)

@@ -148,6 +148,8 @@ class Epoch:
         self.carried = carried
         #: this epoch's last cut, once ``stop`` checkpointed it
         self.carry: Carried | None = None
+        #: the group generation of this assignment
+        self.generation: int = membership.generation
         self.settings = settings
         self.config = config
         self.membership = membership
@@ -200,7 +202,7 @@ class Epoch:
         kept = await self._kept()
         rest = [p for p in self.partitions if p not in kept]
         restored = await asyncio.to_thread(restore_partitions, self.config, rest)
-        in_flight = self._take_carried(kept)
+        addresses, messages, timers = self._take_carried(kept)
         for key_group, key, values in restored.state:
             self.state.restore_put(key_group, key, values)
         for envelope in restored.messages:
@@ -213,11 +215,11 @@ class Epoch:
             len(kept),
             len(rest),
             restored.records,
-            len(restored.state),
-            len(restored.messages),
-            len(restored.timers),
+            len(restored.state) + addresses,
+            len(restored.messages) + messages,
+            len(restored.timers) + timers,
         )
-        self._last_cut_empty = not restored.messages and not restored.timers and not in_flight
+        self._last_cut_empty = not (restored.messages or restored.timers or messages or timers)
         self.carried = None
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
@@ -282,30 +284,30 @@ class Epoch:
         """The partitions to take from the carried cut (their changelog unchanged since)."""
         carried = self.carried
         mine = [p for p in self.partitions if carried is not None and p in carried.ends]
-        if carried is None or not mine:
-            return []
+        if carried is None or not mine or carried.generation + 1 != self.generation:
+            return []  # (a generation in between, without this worker: others may have written)
         ends = await asyncio.to_thread(changelog_ends, self.config, mine)
         return carried.usable(mine, ends)
 
-    def _take_carried(self, kept: list[int]) -> int:
+    def _take_carried(self, kept: list[int]) -> tuple[int, int, int]:
         """State, messages in flight and delayed messages of ``kept`` from the carried cut;
-        how many messages and delayed messages."""
+        how many of each."""
         carried, job = self.carried, self.job
         if carried is None or job is None:
-            return 0
-        taken = 0
+            return 0, 0, 0
+        addresses = messages = timers = 0
         for partition in kept:
             for key_group in self.config.key_groups_of(partition):
                 for key, values in carried.groups.get(key_group, {}).items():
                     self.state.restore_put(key_group, key, values)
+                    addresses += 1
             for envelope in carried.messages.get(partition, ()):
                 job.send(envelope)
             for entry in carried.timers.get(partition, ()):
                 job.timers.add(entry.deadline_ms, entry.envelope, entry.sender, entry.token)
-            taken += len(carried.messages.get(partition, ())) + len(
-                carried.timers.get(partition, ())
-            )
-        return taken
+            messages += len(carried.messages.get(partition, ()))
+            timers += len(carried.timers.get(partition, ()))
+        return addresses, messages, timers
 
     async def checkpoint(self, carry: bool = False) -> bool:
         """Cut, seal and commit one checkpoint; False: nothing happened since the last one.
@@ -324,7 +326,14 @@ class Epoch:
             positions = self._positions()
             empty_cut = not messages and not timers
             cut = (
-                carry_cut(self.config, self.state.group, self.partitions, messages, timers)
+                carry_cut(
+                    self.config,
+                    self.state.group,
+                    self.partitions,
+                    messages,
+                    timers,
+                    self.generation,
+                )
                 if carry
                 else None
             )
@@ -362,13 +371,13 @@ class Epoch:
             cut.ends = await asyncio.to_thread(changelog_ends, self.config, self.partitions)
             self.carry = cut
 
-    async def stop(self, checkpoint: bool) -> Carried | None:
-        """Checkpoint (when asked and the job is sound), then drop the job; the checkpoint's
-        cut, for partitions the worker may get back (None: no checkpoint)."""
+    async def stop(self, checkpoint: bool, carry: bool = False) -> Carried | None:
+        """Checkpoint (when asked and the job is sound), then drop the job; with ``carry``,
+        the checkpoint's cut, for partitions the worker may get back (None: no checkpoint)."""
         job = self.job
         try:
             if checkpoint and job is not None and not job.failed:
-                await self.checkpoint(carry=True)
+                await self.checkpoint(carry=carry)
         finally:
             if job is not None:
                 job.abandon()
@@ -495,7 +504,7 @@ class ClusterWorker:
             self.admin.pause()
         epoch, self.epoch = self.epoch, None
         if epoch is not None:
-            self._carried = await epoch.stop(checkpoint=True)
+            self._carried = await epoch.stop(checkpoint=True, carry=True)
 
     async def _deliver(self, records: list[Any]) -> None:
         if self.epoch is not None:

@@ -5,7 +5,9 @@ other partitions' do not."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -147,8 +149,9 @@ def test_a_kept_partition_is_read_again_once_its_changelog_moved(config: Cluster
     from statefun.module._specs import ModuleSpec
 
     partitions = list(range(config.partitions))
-    carried = Carried(ends=changelog_ends(config, partitions))
-    epoch = Epoch(ModuleSpec(), Settings(), config, None, partitions, [], carried)  # type: ignore[arg-type]
+    carried = Carried(ends=changelog_ends(config, partitions), generation=4)
+    member = SimpleNamespace(generation=5)  # the next generation
+    epoch = Epoch(ModuleSpec(), Settings(), config, member, partitions, [], carried)  # type: ignore[arg-type]
 
     async def write(commit: bool, partition: int) -> None:
         tx = WorkerTransactions(config)
@@ -167,4 +170,13 @@ def test_a_kept_partition_is_read_again_once_its_changelog_moved(config: Cluster
     assert asyncio.run(epoch._kept()) == partitions
     asyncio.run(write(True, 1))
     asyncio.run(write(False, 2))
+    deadline = time.monotonic() + 10  # (the broker writes the transactions' markers after)
+    while time.monotonic() < deadline:
+        ends = changelog_ends(config, [1, 2])
+        if ends[1] != carried.ends[1] and ends[2] != carried.ends[2]:
+            break
+        time.sleep(0.1)
     assert asyncio.run(epoch._kept()) == [p for p in partitions if p not in (1, 2)]
+    # a generation went by without this worker: nothing is taken from memory
+    epoch.generation = 6
+    assert asyncio.run(epoch._kept()) == []

@@ -25,7 +25,8 @@ def test_the_cut_is_copied_and_split_by_partition() -> None:
         DelayedEntry(9, n, Envelope(FN, "k0", int_value(3), None), (FN, id_), "t")
         for n, id_ in enumerate(ids)
     ]
-    carried = carry_cut(config, state.group, owned, messages, timers)
+    carried = carry_cut(config, state.group, owned, messages, timers, 7)
+    assert carried.generation == 7
     mine = {id_ for id_ in ids if config.partition_of(kg[id_]) in owned}
     assert 0 < len(mine) < len(ids)
     # written after the cut: not in it
