@@ -69,7 +69,6 @@ from statefun.state.base import AddressKey
 __all__ = [
     "SEED_KEY",
     "SavepointContents",
-    "add_seed_arguments",
     "read_savepoint",
     "seed_changelog",
     "seed_from_savepoint",
@@ -213,22 +212,6 @@ def input_offsets(
                     )
                 offsets[(topic, partition)] = offset
     return offsets
-
-
-def add_seed_arguments(parser: argparse.ArgumentParser) -> None:
-    """``statefun worker``'s savepoint options (``statefun run`` has its own, the same)."""
-    parser.add_argument(
-        "--from-savepoint",
-        metavar="PATH",
-        default=None,
-        help="seed the job's state from this savepoint (or checkpoint) folder, once: a job "
-        "with state of its own is refused; one seeded from the same savepoint goes on",
-    )
-    parser.add_argument(
-        "--allow-dropping-state",
-        action="store_true",
-        help="seed even if the savepoint holds state of function types the module lost",
-    )
 
 
 def seed_savepoint_argument(

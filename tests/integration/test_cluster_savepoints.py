@@ -34,7 +34,7 @@ from statefun.cluster._savepoint_export import write_savepoint
 from statefun.cluster._savepoints import SavepointContents, seed_changelog, seed_from_savepoint
 from statefun.cluster._status import group_ownership
 from statefun.module import load_module
-from statefun.module._specs import ModuleSpec
+from statefun.module._specs import KafkaEgressSpec, ModuleSpec
 from statefun.sdk import IntType
 from statefun.sdk._types import TypedValue
 from statefun.state.memory import MemoryStateBackend
@@ -222,10 +222,21 @@ def test_seeders_at_once_seed_once(bootstrap: str) -> None:
         state=[(kg, ("example/counter", f"k{kg}"), value) for kg in range(8)],
         identity={"id": 7, "created_ms": 1, "metadata_crc32c": 2, "path": "sp"},
     )
+    # the savepoint's egress transaction had not reached Kafka: the seed commits it, once
+    out = f"{config.job_id}-out"
+    egress = KafkaEgressSpec("test/out", bootstrap, "exactly-once")
+    module = ModuleSpec(egresses=(egress,))
+    contents.sinks = {
+        "test/out": {
+            "format": 2,
+            "transactions": [[3, uuid.uuid4().hex, [[out, "k", b"from the savepoint", None]]]],
+        }
+    }
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        seeds = [pool.submit(seed_changelog, config, ModuleSpec(), contents) for _ in range(4)]
+        seeds = [pool.submit(seed_changelog, config, module, contents) for _ in range(4)]
         outcomes = [seed.result() for seed in seeds]
     assert sorted(outcomes) == [False, False, False, True]
+    assert read_outputs(bootstrap, out, 1, 20) == {"from the savepoint": 1}
     _, records = read_changelog(config, range(config.partitions))
     assert records == 1 + 8 + config.partitions  # one seed record, 8 addresses, 4 cuts
     restored = restore_partitions(config, range(config.partitions))
