@@ -29,8 +29,10 @@ again and finds the other's seed. Exactly one seed commits.
 
 **The savepoint's egress transactions.** A single-process savepoint holds the Kafka egress's
 transaction of its cut; if the job that took it stopped before committing it, the seeder
-commits it (``KafkaSink.recover``, idempotent through the egress's markers), so that output is
-neither lost nor doubled.
+commits it (``KafkaSink.recover``, idempotent through the egress's markers), before its seed
+commits, so that output is neither lost nor doubled. Seeders recovering at once fence each
+other's egress producers (the egress's own transactional ids); a fenced one tries again, and
+finds the seed of the one that got through.
 """
 
 from __future__ import annotations
@@ -260,7 +262,12 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
             seeded = seeded_from(config)
             if seeded is not None:
                 return _already(config, contents, seeded)
-            _recover_egresses(module, contents)
+            try:
+                _recover_egresses(module, contents)
+            except ConfigurationError:
+                raise
+            except Exception as exc:  # (another seeder's recovery fenced this one's, or Kafka)
+                raise _Retry(f"the savepoint's egress transactions: {exc}") from exc
             _commit_seed(config, module, contents, producer)
             log.info(
                 "cluster: job %s seeded from %s: %d address(es) with state, %d message(s) in "
@@ -274,7 +281,7 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
             return True
         except (kafka.errors.ProducerFencedError, kafka.errors.InvalidProducerEpochError) as exc:
             log.info("cluster: another seeder of job %s fenced this one (%s)", config.job_id, exc)
-        except kafka.errors.KafkaError as exc:
+        except (kafka.errors.KafkaError, _Retry) as exc:
             if attempt == _ATTEMPTS:
                 raise UnavailableError(
                     f"cluster: seeding job {config.job_id} from {contents.path}: {exc}"
@@ -287,6 +294,10 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
         f"cluster: job {config.job_id} was not seeded from {contents.path} after {_ATTEMPTS} "
         "attempts (other seeders kept fencing it)"
     )
+
+
+class _Retry(Exception):
+    """A seeding attempt failed in a way the next attempt may not."""
 
 
 def _already(config: ClusterConfig, contents: SavepointContents, seeded: dict[str, Any]) -> bool:
