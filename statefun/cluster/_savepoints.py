@@ -281,6 +281,8 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
             return True
         except (kafka.errors.ProducerFencedError, kafka.errors.InvalidProducerEpochError) as exc:
             log.info("cluster: another seeder of job %s fenced this one (%s)", config.job_id, exc)
+            if attempt == _ATTEMPTS:
+                break
         except (kafka.errors.KafkaError, _Retry) as exc:
             if attempt == _ATTEMPTS:
                 raise UnavailableError(

@@ -10,6 +10,7 @@ And the seeding itself: several seeders at once seed once; a job with other stat
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import signal
@@ -26,15 +27,28 @@ from typing import Any
 import pytest
 
 from statefun._exceptions import ConfigurationError
+from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import cluster_config, ensure_topics
 from statefun.cluster._changelog import read_changelog, restore_partitions
 from statefun.cluster._config import ClusterConfig
+from statefun.cluster._exchange import WorkerTransactions, exchange_row
 from statefun.cluster._savepoint_export import write_savepoint
-from statefun.cluster._savepoints import SavepointContents, seed_changelog, seed_from_savepoint
+from statefun.cluster._savepoints import (
+    SavepointContents,
+    read_savepoint,
+    seed_changelog,
+    seed_from_savepoint,
+)
 from statefun.cluster._status import group_ownership
 from statefun.module import load_module
-from statefun.module._specs import KafkaEgressSpec, ModuleSpec
+from statefun.module._specs import (
+    FunctionTarget,
+    HttpEndpointSpec,
+    KafkaEgressSpec,
+    ModuleSpec,
+)
+from statefun.runtime._envelope import Envelope
 from statefun.sdk import IntType
 from statefun.sdk._types import TypedValue
 from statefun.state.memory import MemoryStateBackend
@@ -203,7 +217,7 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
         _stop(single, log)
 
 
-def test_seeders_at_once_seed_once(bootstrap: str) -> None:
+def test_seeders_at_once_seed_once(tmp_path: Path, bootstrap: str) -> None:
     settings = Settings.load(
         {
             "cluster.bootstrap_servers": bootstrap,
@@ -243,6 +257,31 @@ def test_seeders_at_once_seed_once(bootstrap: str) -> None:
     assert sorted(key for _, key, _ in restored.state) == sorted(
         ("example/counter", f"k{kg}") for kg in range(8)
     )
+    # a message one worker sent another that the owner had not read: in the savepoint's flight
+    sent = Envelope(
+        "example/counter", "k3", TypedValue("io.statefun.types/int", bytes([8, 9])), None
+    )
+    key_group = key_group_for(sent.typename, sent.id, config.max_parallelism)
+
+    async def send() -> None:
+        tx = WorkerTransactions(config)
+        await tx.start()
+        try:
+            tx.write_rows([exchange_row(config, key_group, sent)])
+            assert tx.seal(1, {}, None)
+            await tx.commit(1)
+        finally:
+            await tx.close()
+
+    asyncio.run(send())
+    path = write_savepoint(ModuleSpec(), settings, config, tmp_path)
+    remote = HttpEndpointSpec(FunctionTarget("example", None), "http://127.0.0.1:1/{function.name}")
+    exported = read_savepoint(path, ModuleSpec(endpoints=(remote,)), settings)
+    assert [(m.id, m.value.value) for m in exported.messages] == [("k3", bytes([8, 9]))]
+    assert sorted(key for _, key, _ in exported.state) == sorted(
+        ("example/counter", f"k{kg}") for kg in range(8)
+    )
+
     other = SavepointContents(Path("other"), identity={"id": 8, "path": "other"})
     with pytest.raises(ConfigurationError, match=r"has state already \(from the savepoint sp\)"):
         seed_changelog(config, ModuleSpec(), other)
