@@ -41,6 +41,7 @@ from statefun.checkpoint.storage import CUT_FILE, FORMAT_VERSION, CheckpointStor
 from statefun.cluster._changelog import Restored, decode_records, read_changelog
 from statefun.cluster._config import ClusterConfig, cluster_config
 from statefun.cluster._exchange import decode_message
+from statefun.cluster._kafka_admin import open_admin
 from statefun.module._specs import KafkaIngressSpec, ModuleSpec
 from statefun.runtime._timers import DelayedEntry
 from statefun.state.memory import MemoryStateBackend
@@ -82,14 +83,7 @@ def _group_offsets(
     """The group's committed offsets (refused while the group has members), and (beginning,
     end) of every input partition."""
     kafka = import_kafka()
-    try:
-        admin = kafka.KafkaAdminClient(
-            bootstrap_servers=config.bootstrap_servers, client_id="pystatefun-savepoint"
-        )
-    except kafka.errors.KafkaError as exc:
-        raise UnavailableError(
-            f"cluster: cannot reach Kafka at {config.bootstrap_servers}: {exc}"
-        ) from exc
+    admin = open_admin(config, "pystatefun-savepoint")
     try:
         described = admin.describe_groups([config.group_id]).get(config.group_id) or {}
         members = [str(m.get("client_id") or "?") for m in described.get("members") or []]
