@@ -69,8 +69,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: One record: topic, key (None: no key), value, headers (None: none).
-Row = tuple[str, "str | None", bytes, "list[tuple[str, bytes]] | None"]
+#: One record: topic, key (None: no key), value (None: a tombstone), headers (None: none).
+Row = tuple[str, "str | None", "bytes | None", "list[tuple[str, bytes]] | None"]
 #: Bytes a record adds beyond key, value and headers at most (kafka-python's estimate for
 #: one record in a batch of its own: the v2 batch header and the record's varints).
 _RECORD_OVERHEAD = 61 + 21
@@ -287,7 +287,9 @@ class BulkAppender:
                 if found is None:
                     found = grouped[tp] = []
                 records, last_topic, last_key = found, topic, key
-            size = len(value) + (0 if key_bytes is None else len(key_bytes))
+            size = (0 if value is None else len(value)) + (
+                0 if key_bytes is None else len(key_bytes)
+            )
             if headers:
                 size += sum(len(name) + len(data) for name, data in headers)
             if size > limit:

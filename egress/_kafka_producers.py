@@ -22,8 +22,9 @@ __all__ = ["SLOTS", "Producers", "Row", "Transaction"]
 
 log = logging.getLogger("statefun.egress.kafka")
 
-#: One record to produce: topic, key (None: no key), value, headers (None: none).
-Row = tuple[str, str | None, bytes, list[tuple[str, bytes]] | None]
+#: One record to produce: topic, key (None: no key), value (None: a tombstone, for compacted
+#: topics), headers (None: none).
+Row = tuple[str, str | None, bytes | None, list[tuple[str, bytes]] | None]
 #: A sealed exactly-once transaction: checkpoint id, lineage (the sealing sink's id), rows.
 Transaction = tuple[int, str, list[Row]]
 #: the exactly-once producer slots (``transactional.id`` ``<base>-0`` and ``<base>-1``)

@@ -5,7 +5,9 @@ every partition it owns:
 
 * one record per address whose state changed since the previous checkpoint: key
   ``<partition>:s:<key group>:<typename>\\x1f<id>``, value the address's values
-  (``state/_codec.py``'s encoding; empty bytes: the address has no state any more);
+  (``state/_codec.py``'s encoding), or a tombstone (value None) when the address has no state
+  any more, so that compaction deletes the key (an empty value, written before, still reads as
+  no state);
 * one *cut* record, key ``<partition>:c``: the partition's messages in flight at the cut
   (per address in processing order) and its pending delayed messages (kept with the sender's
   key group: a cancellation comes from the sender, which runs where its key group is); left
@@ -23,7 +25,7 @@ key wins. ``TrackedMemoryState`` is the memory backend that remembers which addr
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,14 @@ from statefun.state._codec import decode_values, values_to_wire
 from statefun.state.base import AddressKey, StateValues
 from statefun.state.memory import MemoryStateBackend
 
-__all__ = ["Restored", "TrackedMemoryState", "changelog_rows", "restore_partitions"]
+__all__ = [
+    "Restored",
+    "TrackedMemoryState",
+    "changelog_rows",
+    "decode_records",
+    "read_changelog",
+    "restore_partitions",
+]
 
 _SEPARATOR = "\x1f"
 _memory_put = MemoryStateBackend.put
@@ -67,6 +76,11 @@ class TrackedMemoryState(MemoryStateBackend):
     def restore_put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
         """``put`` of a restored value: not a change to write to the changelog again."""
         MemoryStateBackend.put(self, key_group, key, values)
+
+    def group(self, key_group: int) -> Mapping[AddressKey, StateValues]:
+        """The addresses of ``key_group`` and their values, as held now (read, do not keep:
+        the next ``put`` may change it)."""
+        return self._groups.get(key_group) or {}
 
     def take_changed(self) -> set[tuple[int, AddressKey]]:
         """The (key group, address) pairs written since the last call; forgets them."""
@@ -109,7 +123,7 @@ def changelog_rows(
             continue
         values = get(key_group, key)
         name = f"{partition}:s:{key_group}:{key[0]}{_SEPARATOR}{key[1]}"
-        append((topic, name, _PACK(values_to_wire(values)) if values else b"", None))
+        append((topic, name, _PACK(values_to_wire(values)) if values else None, None))
     in_flight: dict[int, list[Envelope]] = {p: [] for p in owned}
     for envelope in messages:
         partition = config.partition_of(key_group_for(envelope.typename, envelope.id, max_p))
@@ -147,22 +161,36 @@ def restore_partitions(
     config: ClusterConfig, partitions: Iterable[int], timeout_s: float = 60.0
 ) -> Restored:
     """Read the changelog of ``partitions`` to its end (blocking: a worker thread)."""
+    latest, records = read_changelog(config, partitions, timeout_s)
+    restored = decode_records(latest)
+    restored.records = records
+    return restored
+
+
+def read_changelog(
+    config: ClusterConfig,
+    partitions: Iterable[int],
+    timeout_s: float = 60.0,
+    client: str = "restore",
+) -> tuple[dict[bytes, bytes | None], int]:
+    """The last record of each key of ``partitions`` (read ``read_committed`` from the
+    beginning to the end; blocking) and how many records were read."""
     kafka = import_kafka()
     wanted = [kafka.TopicPartition(config.changelog_topic, p) for p in sorted(set(partitions))]
-    restored = Restored()
+    latest: dict[bytes, bytes | None] = {}
     if not wanted:
-        return restored
+        return latest, 0
     reader = kafka.KafkaConsumer(
         bootstrap_servers=config.bootstrap_servers,
         isolation_level="read_committed",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        client_id=f"pystatefun-{config.worker_id}-restore",
+        client_id=f"pystatefun-{config.worker_id}-{client}",
     )
     from statefun.ingress._kafka_fetch import install
 
     install(reader)  # the ingress's lean reader of fetched batches, when it fits
-    latest: dict[bytes, bytes] = {}
+    records = 0
     try:
         reader.assign(wanted)
         reader.seek_to_beginning(*wanted)
@@ -174,12 +202,20 @@ def restore_partitions(
                     f"cluster: the changelog {config.changelog_topic} was not read to its end "
                     f"in {timeout_s:.0f} s"
                 )
-            for records in reader.poll(timeout_ms=200, max_records=10_000).values():
-                for record in records:
-                    restored.records += 1
+            for batch in reader.poll(timeout_ms=200, max_records=10_000).values():
+                for record in batch:
+                    records += 1
                     latest[record.key] = record.value
     finally:
         reader.close(autocommit=False)
+    return latest, records
+
+
+def decode_records(latest: Mapping[bytes, bytes | None]) -> Restored:
+    """What the last records of changelog keys hold: an address's state (none for a tombstone
+    or an empty value), a partition's cut; records of other kinds (``<partition>:seed``, the
+    savepoint a job was seeded from) are not the job's state and are skipped."""
+    restored = Restored()
     for key, value in latest.items():
         parts = key.decode("utf-8").split(":", 2)
         kind = parts[1]
@@ -189,7 +225,7 @@ def restore_partitions(
             group, address = parts[2].split(":", 1)
             typename, id_ = address.split(_SEPARATOR, 1)
             restored.state.append((int(group), (typename, id_), decode_values(value)))
-        elif kind == "c":
+        elif kind == "c" and value:
             messages, timers = msgpack.unpackb(value, raw=False)
             restored.messages.extend(decode_envelopes(messages))
             restored.timers.extend(decode_timers(timers))

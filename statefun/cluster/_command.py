@@ -21,6 +21,24 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     from statefun.runtime._commands import _module_arguments
 
     _module_arguments(parser, "to run (the same in every worker of the job)")
+    _seed_arguments(parser)
+
+
+def _seed_arguments(parser: argparse.ArgumentParser) -> None:
+    """``statefun worker``'s savepoint options (``statefun run`` has its own, the same);
+    ``_savepoints.py`` is imported only when one is given (a worker starts fast)."""
+    parser.add_argument(
+        "--from-savepoint",
+        metavar="PATH",
+        default=None,
+        help="seed the job's state from this savepoint (or checkpoint) folder, once: a job "
+        "with state of its own is refused; one seeded from the same savepoint goes on",
+    )
+    parser.add_argument(
+        "--allow-dropping-state",
+        action="store_true",
+        help="seed even if the savepoint holds state of function types the module lost",
+    )
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -52,6 +70,10 @@ def worker(args: argparse.Namespace) -> int:
         config.partitions,
         settings.checkpoint_interval_ms,
     )
+    if args.from_savepoint:
+        from statefun.cluster._savepoints import seed_savepoint_argument
+
+        seed_savepoint_argument(module, settings, args)
     cluster_worker = ClusterWorker(module, settings, config)
 
     async def main() -> None:

@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from statefun._exceptions import ConfigurationError, UnavailableError
-from statefun._kafka import import_kafka
+from statefun._exceptions import ConfigurationError
 from statefun.cluster._config import ClusterConfig
+from statefun.cluster._kafka_admin import open_admin
 
 __all__ = ["Ownership", "add_status_arguments", "describe", "group_ownership", "status"]
 
@@ -36,15 +36,7 @@ class Ownership:
 
 def group_ownership(config: ClusterConfig) -> tuple[str, list[Ownership]]:
     """The group's state and each member's assignment (blocking)."""
-    kafka = import_kafka()
-    try:
-        admin = kafka.KafkaAdminClient(
-            bootstrap_servers=config.bootstrap_servers, client_id="pystatefun-status"
-        )
-    except kafka.errors.KafkaError as exc:
-        raise UnavailableError(
-            f"cluster: cannot reach Kafka at {config.bootstrap_servers}: {exc}"
-        ) from exc
+    admin = open_admin(config, "pystatefun-status")
     try:
         described = admin.describe_groups([config.group_id]).get(config.group_id) or {}
     finally:

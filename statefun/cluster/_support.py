@@ -75,10 +75,9 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
 def check_clusterable(
     module: ModuleSpec, settings: Settings, from_savepoint: bool, bootstrap: str = ""
 ) -> None:
-    """Raise a one-line ConfigurationError for the first thing a clustered job cannot run."""
+    """Raise a one-line ConfigurationError for the first thing a clustered job cannot run
+    (``from_savepoint``: accepted, a savepoint seeds the job's changelog: ``_savepoints.py``)."""
     found = unsupported(module, settings, bootstrap)
-    if from_savepoint:
-        found.append("--from-savepoint: a clustered job cannot start from a savepoint yet")
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise ConfigurationError(f"cluster: {found[0]}{more}")

@@ -19,9 +19,10 @@ then lives from assignment to assignment. Each assignment is an *epoch*:
    (``Job.abandon``: what ran after that cut is replayed by the next owner from it), and the
    transaction still open (after the cut) is aborted.
 
-A rebalance therefore restarts the worker's job from Kafka even for partitions it keeps (the
-eager protocol revokes every partition); simple and always consistent, at the price of a
-restore per rebalance.
+A rebalance therefore restarts the worker's job (the eager protocol revokes every partition),
+but a partition the worker gets back is not read from the changelog again when nothing was
+written to it since the revoke's checkpoint: its state, messages in flight and delayed messages
+come from that checkpoint's cut, kept in memory (``_carry.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from statefun._exceptions import JobFailedError
 from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster._admin import WorkerAdmin
+from statefun.cluster._carry import Carried, carry_cut, changelog_ends
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
@@ -139,8 +141,15 @@ class Epoch:
         membership: Membership,
         partitions: Partitions,
         input_partitions: list[tuple[str, int]],
+        carried: Carried | None = None,
     ) -> None:
         self.module = module
+        #: the previous epoch's last cut (partitions this one may take from memory)
+        self.carried = carried
+        #: this epoch's last cut, once ``stop`` checkpointed it
+        self.carry: Carried | None = None
+        #: the group generation of this assignment
+        self.generation: int = membership.generation
         self.settings = settings
         self.config = config
         self.membership = membership
@@ -192,7 +201,10 @@ class Epoch:
         owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
         others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
         job.router.reroute(others, Outbound(job, self.config, self.transactions))
-        restored = await asyncio.to_thread(restore_partitions, self.config, self.partitions)
+        kept = await self._kept()
+        rest = [p for p in self.partitions if p not in kept]
+        restored = await asyncio.to_thread(restore_partitions, self.config, rest)
+        addresses, messages, timers = self._take_carried(kept)
         for key_group, key, values in restored.state:
             self.state.restore_put(key_group, key, values)
         for envelope in restored.messages:
@@ -200,15 +212,17 @@ class Epoch:
         for deadline, sender, token, envelope in restored.timers:
             job.timers.add(deadline, envelope, sender, token)
         log.info(
-            "cluster: %d partition(s) restored from %d changelog record(s): %d address(es) "
-            "with state, %d message(s) in flight, %d delayed",
-            len(self.partitions),
+            "cluster: %d partition(s) kept in memory, %d restored from %d changelog record(s): "
+            "%d address(es) with state, %d message(s) in flight, %d delayed",
+            len(kept),
+            len(rest),
             restored.records,
-            len(restored.state),
-            len(restored.messages),
-            len(restored.timers),
+            len(restored.state) + addresses,
+            len(restored.messages) + messages,
+            len(restored.timers) + timers,
         )
-        self._last_cut_empty = not restored.messages and not restored.timers
+        self._last_cut_empty = not (restored.messages or restored.timers or messages or timers)
+        self.carried = None
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
 
@@ -268,8 +282,39 @@ class Epoch:
             await self.checkpoint()
             ended, cpu = loop.time(), time.process_time() - started
 
-    async def checkpoint(self) -> bool:
-        """Cut, seal and commit one checkpoint; False: nothing happened since the last one."""
+    async def _kept(self) -> list[int]:
+        """The partitions to take from the carried cut (their changelog unchanged since)."""
+        carried = self.carried
+        mine = [p for p in self.partitions if carried is not None and p in carried.ends]
+        if carried is None or not mine or carried.generation + 1 != self.generation:
+            return []  # (a generation in between, without this worker: others may have written)
+        ends = await asyncio.to_thread(changelog_ends, self.config, mine)
+        return carried.usable(mine, ends)
+
+    def _take_carried(self, kept: list[int]) -> tuple[int, int, int]:
+        """State, messages in flight and delayed messages of ``kept`` from the carried cut;
+        how many of each."""
+        carried, job = self.carried, self.job
+        if carried is None or job is None:
+            return 0, 0, 0
+        addresses = messages = timers = 0
+        for partition in kept:
+            for key_group in self.config.key_groups_of(partition):
+                for key, values in carried.groups.get(key_group, {}).items():
+                    self.state.restore_put(key_group, key, values)
+                    addresses += 1
+            for envelope in carried.messages.get(partition, ()):
+                job.send(envelope)
+            for entry in carried.timers.get(partition, ()):
+                job.timers.add(entry.deadline_ms, entry.envelope, entry.sender, entry.token)
+            messages += len(carried.messages.get(partition, ()))
+            timers += len(carried.timers.get(partition, ()))
+        return addresses, messages, timers
+
+    async def checkpoint(self, carry: bool = False) -> bool:
+        """Cut, seal and commit one checkpoint; False: nothing happened since the last one.
+        ``carry``: keep the cut in ``self.carry`` with the changelog's end offsets after it
+        (the epoch's last checkpoint, before a revocation)."""
         job, source = self.job, self.source
         assert job is not None and source is not None
         async with self._lock:
@@ -282,6 +327,18 @@ class Epoch:
             timers = list(job.timers.pending())
             positions = self._positions()
             empty_cut = not messages and not timers
+            cut = (
+                carry_cut(
+                    self.config,
+                    self.state.group,
+                    self.partitions,
+                    messages,
+                    timers,
+                    self.generation,
+                )
+                if carry
+                else None
+            )
             if (
                 not changed
                 and not self.transactions.unsealed()
@@ -289,6 +346,7 @@ class Epoch:
                 and empty_cut
                 and self._last_cut_empty
             ):
+                await self._carry_ends(cut)
                 return False
             rows = changelog_rows(
                 self.config, self.state, changed, messages, timers, self.partitions, self._last_cuts
@@ -306,14 +364,22 @@ class Epoch:
                 self.committed += 1
             self._last_offsets = positions
             self._last_cut_empty = empty_cut
+            await self._carry_ends(cut)
             return True
 
-    async def stop(self, checkpoint: bool) -> None:
-        """Checkpoint (when asked and the job is sound), then drop the job."""
+    async def _carry_ends(self, cut: Carried | None) -> None:
+        """The changelog's end offsets once ``cut`` is what it holds; then keep the cut."""
+        if cut is not None:
+            cut.ends = await asyncio.to_thread(changelog_ends, self.config, self.partitions)
+            self.carry = cut
+
+    async def stop(self, checkpoint: bool, carry: bool = False) -> Carried | None:
+        """Checkpoint (when asked and the job is sound), then drop the job; with ``carry``,
+        the checkpoint's cut, for partitions the worker may get back (None: no checkpoint)."""
         job = self.job
         try:
             if checkpoint and job is not None and not job.failed:
-                await self.checkpoint()
+                await self.checkpoint(carry=carry)
         finally:
             if job is not None:
                 job.abandon()
@@ -324,6 +390,7 @@ class Epoch:
                 if isinstance(result, JobFailedError):
                     log.warning("cluster: %s", result)
             await self.transactions.close()  # aborts what was written after the cut
+        return self.carry
 
     def failure(self) -> BaseException | None:
         """Why the epoch stopped on its own (its job or its checkpoints failed), if it did."""
@@ -348,6 +415,8 @@ class ClusterWorker:
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
         self.epochs = 0
+        #: the last epoch's last cut, until the next assignment takes what it can of it
+        self._carried: Carried | None = None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -422,7 +491,10 @@ class ClusterWorker:
 
     async def _assigned(self, partitions: Partitions, inputs: list[tuple[str, int]]) -> None:
         assert self.membership is not None
-        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions, inputs)
+        carried, self._carried = self._carried, None
+        epoch = Epoch(
+            self.module, self.settings, self.config, self.membership, partitions, inputs, carried
+        )
         await epoch.start()
         self.epoch = epoch
         self.epochs += 1
@@ -434,7 +506,7 @@ class ClusterWorker:
             self.admin.pause()
         epoch, self.epoch = self.epoch, None
         if epoch is not None:
-            await epoch.stop(checkpoint=True)
+            self._carried = await epoch.stop(checkpoint=True, carry=True)
 
     async def _deliver(self, records: list[Any]) -> None:
         if self.epoch is not None:

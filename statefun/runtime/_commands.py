@@ -195,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers:
         from statefun.cluster._supervisor import supervise
 
-        if args.from_savepoint:
-            raise ConfigurationError("--from-savepoint cannot start a clustered job yet")
+        if args.from_savepoint:  # the job's changelog seeded once, before any worker runs
+            from statefun.cluster._savepoints import seed_savepoint_argument
+
+            seed_savepoint_argument(module, settings, args)
         pairs = list(args.settings)
         if args.parallelism is not None:
             pairs.append(f"parallelism={args.parallelism}")
@@ -304,6 +306,20 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="the job's admin server (setting admin_port; default: %(default)s); the bearer "
         "token of PYSTATEFUN_ADMIN_TOKEN is sent when set",
     )
+    create.add_argument(
+        "--cluster",
+        action="store_true",
+        help="instead: write the savepoint of a stopped clustered job from its Kafka topics "
+        "(MODULE_YAML, --set cluster.bootstrap_servers=... --set cluster.job_id=...)",
+    )
+    _module_arguments(create, "of the clustered job (with --cluster)")
+    create.add_argument(
+        "--dir",
+        metavar="DIR",
+        default=None,
+        help="with --cluster: where the savepoint goes (default: savepoint_dir, else "
+        ".statefun/savepoints)",
+    )
     listing = actions.add_parser(
         "list", help="list the savepoints and checkpoints in a folder and its subfolders"
     )
@@ -323,6 +339,12 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
 def savepoint(args: argparse.Namespace) -> int:
     from statefun.checkpoint.storage import METADATA, read_checkpoint
 
+    if args.action == "create" and args.cluster:  # from a stopped clustered job's topics
+        from statefun.cluster._savepoint_export import export_command
+
+        module, settings = _load(args)
+        sys.stdout.write(f"{export_command(module, settings, args.dir)}\n")
+        return 0
     if args.action == "create":
         _check_http_url("--admin-url", args.admin_url)
         request = admin_request(f"{args.admin_url.rstrip('/')}/savepoints", "POST")

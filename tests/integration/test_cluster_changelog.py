@@ -5,14 +5,22 @@ other partitions' do not."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._carry import Carried
+from statefun.cluster._changelog import (
+    TrackedMemoryState,
+    changelog_rows,
+    read_changelog,
+    restore_partitions,
+)
 from statefun.cluster._exchange import WorkerTransactions
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
@@ -91,6 +99,11 @@ def test_committed_checkpoints_come_back_aborted_ones_do_not(config: ClusterConf
     assert all(kg == _kg(key[1], config) for kg, key, _ in restored.state)
     assert restored.messages == [] and restored.timers == []
 
+    # k1's state is gone as a Kafka tombstone (value None), which compaction deletes
+    k1 = f"{config.partition_of(_kg('k1', config))}:s:{_kg('k1', config)}:{FN}\x1fk1".encode()
+    latest, _ = read_changelog(config, partitions)
+    assert k1 in latest and latest[k1] is None
+
     # only the partitions asked for
     one = config.partition_of(_kg("k0", config))
     only = restore_partitions(config, [one])
@@ -125,3 +138,45 @@ def test_the_cut_keeps_messages_and_timers_by_partition(config: ClusterConfig) -
     others = [p for p in partitions if p != sender_partition]
     assert restore_partitions(config, others).timers == []
     assert restore_partitions(config, [sender_partition]).timers != []
+
+
+def test_a_kept_partition_is_read_again_once_its_changelog_moved(config: ClusterConfig) -> None:
+    """A worker takes a partition from its carried cut only while the changelog partition's
+    end offset (read_committed) is the one read after the cut: a commit or an abort by anyone
+    since moves it."""
+    from statefun.cluster._carry import changelog_ends
+    from statefun.cluster._worker import Epoch
+    from statefun.module._specs import ModuleSpec
+
+    partitions = list(range(config.partitions))
+    carried = Carried(ends=changelog_ends(config, partitions), generation=4)
+    member = SimpleNamespace(generation=5)  # the next generation
+    epoch = Epoch(ModuleSpec(), Settings(), config, member, partitions, [], carried)  # type: ignore[arg-type]
+
+    async def write(commit: bool, partition: int) -> None:
+        tx = WorkerTransactions(config)
+        await tx.start()
+        try:
+            state = TrackedMemoryState()
+            tx.write_rows(changelog_rows(config, state, set(), [], [], [partition]))
+            if commit:
+                assert tx.seal(1, {}, None)
+                await tx.commit(1)
+            else:
+                await tx.flush()
+        finally:
+            await tx.close()  # aborts what did not commit
+
+    assert asyncio.run(epoch._kept()) == partitions
+    asyncio.run(write(True, 1))
+    asyncio.run(write(False, 2))
+    deadline = time.monotonic() + 10  # (the broker writes the transactions' markers after)
+    while time.monotonic() < deadline:
+        ends = changelog_ends(config, [1, 2])
+        if ends[1] != carried.ends[1] and ends[2] != carried.ends[2]:
+            break
+        time.sleep(0.1)
+    assert asyncio.run(epoch._kept()) == [p for p in partitions if p not in (1, 2)]
+    # a generation went by without this worker: nothing is taken from memory
+    epoch.generation = 6
+    assert asyncio.run(epoch._kept()) == []

@@ -199,6 +199,6 @@ def test_what_cannot_run_clustered_is_refused_in_one_line(tmp_path: Path) -> Non
         "egress example/file (" + str(path) + ", document 5 (io.pystatefun.file.v1/egress))",
         "state_backend=rocksdb",
     ]
-    refused = r"^cluster: ingress example/http .* \(and 3 more\)$"
+    refused = r"^cluster: ingress example/http .* \(and 2 more\)$"
     with pytest.raises(ConfigurationError, match=refused):
         check_clusterable(module, _settings(state_backend="rocksdb"), from_savepoint=True)
