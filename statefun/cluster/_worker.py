@@ -41,6 +41,7 @@ from statefun.cluster._admin import WorkerAdmin
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
 from statefun.cluster._ingress import ClusteredKafkaSource
 from statefun.cluster._membership import ExchangeSource, Membership, Partitions
 from statefun.cluster._topics import ensure_topics
@@ -139,8 +140,12 @@ class Epoch:
         membership: Membership,
         partitions: Partitions,
         input_partitions: list[tuple[str, int]],
+        http: WorkerHttp | None = None,
     ) -> None:
         self.module = module
+        #: the worker's HTTP ingresses; each epoch's job serves them (``_http_ingress.py``)
+        self.http = http
+        self.http_link: EpochHttp | None = None
         self.settings = settings
         self.config = config
         self.membership = membership
@@ -207,6 +212,8 @@ class Epoch:
             len(restored.timers),
         )
         self._last_cut_empty = not restored.messages and not restored.timers
+        if self.http is not None:
+            self.http_link = self.http.attach(job, self.transactions)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
 
@@ -252,6 +259,8 @@ class Epoch:
         loop = asyncio.get_running_loop()
         interval = self.settings.checkpoint_interval_ms / 1000
         idle = self.settings.idle_checkpoint_delay_ms / 1000
+        soon = self.settings.reply_checkpoint_delay_ms / 1000
+        http = self.http_link
         next_at, ended, cpu = loop.time() + interval, loop.time(), 0.0
         while True:
             await asyncio.sleep(_TICK_S)
@@ -259,7 +268,9 @@ class Epoch:
                 forwarder.forward()
             now = loop.time()
             early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
-            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)):
+            # HTTP requests waiting for a commit: group commit, as replies in one process
+            asked = http is not None and http.wants_checkpoint() and now - ended >= soon
+            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)) and not asked:
                 continue
             next_at = now + interval
             started = time.process_time()
@@ -275,6 +286,7 @@ class Epoch:
                 raise JobFailedError("the job failed: no checkpoint is taken after a failure")
             for forwarder in self._forwarders:
                 forwarder.forward()
+            http = None if self.http_link is None else self.http_link.cut(self.config)
             changed = self.state.take_changed()
             messages = job.messages_in_flight()
             timers = list(job.timers.pending())
@@ -287,6 +299,8 @@ class Epoch:
                 and empty_cut
                 and self._last_cut_empty
             ):
+                if http is not None and self.http_link is not None:
+                    self.http_link.committed(http)  # nothing to commit: its effects are done
                 return False
             rows = changelog_rows(
                 self.config, self.state, changed, messages, timers, self.partitions
@@ -299,9 +313,16 @@ class Epoch:
             }
             self._checkpoint_id += 1
             checkpoint_id = self._checkpoint_id
-            if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
-                await self.transactions.commit(checkpoint_id)
-                self.committed += 1
+            try:
+                if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
+                    await self.transactions.commit(checkpoint_id)
+                    self.committed += 1
+            except BaseException as exc:
+                if http is not None and self.http_link is not None:
+                    self.http_link.aborted(http, exc)
+                raise
+            if http is not None and self.http_link is not None:
+                self.http_link.committed(http)
             self._last_offsets = positions
             self._last_cut_empty = empty_cut
             return True
@@ -309,10 +330,14 @@ class Epoch:
     async def stop(self, checkpoint: bool) -> None:
         """Checkpoint (when asked and the job is sound), then drop the job."""
         job = self.job
+        if self.http is not None and self.http_link is not None:
+            self.http.detach(self.http_link)  # new requests wait for the next epoch
         try:
             if checkpoint and job is not None and not job.failed:
                 await self.checkpoint()
         finally:
+            if self.http_link is not None:
+                self.http_link.close()
             if job is not None:
                 job.abandon()
             for task in self._tasks[1:]:  # the checkpoints; the job ends by itself
@@ -341,6 +366,7 @@ class ClusterWorker:
         self.settings = dataclasses.replace(settings, checkpoint_dir="")
         self.config = config
         self.admin = WorkerAdmin(self.settings, config) if settings.admin_port else None
+        self.http = WorkerHttp(module, settings, config) if http_ingresses(module) else None
         self.epoch: Epoch | None = None
         self.membership: Membership | None = None
         self._stopping = asyncio.Event()
@@ -355,8 +381,12 @@ class ClusterWorker:
         if self.admin is not None:
             await self.admin.start()
         try:
+            if self.http is not None:
+                await self.http.start()
             await self._run()
         finally:
+            if self.http is not None:
+                await self.http.close()
             if self.admin is not None:
                 await self.admin.close()
 
@@ -420,7 +450,15 @@ class ClusterWorker:
 
     async def _assigned(self, partitions: Partitions, inputs: list[tuple[str, int]]) -> None:
         assert self.membership is not None
-        epoch = Epoch(self.module, self.settings, self.config, self.membership, partitions, inputs)
+        epoch = Epoch(
+            self.module,
+            self.settings,
+            self.config,
+            self.membership,
+            partitions,
+            inputs,
+            http=self.http,
+        )
         await epoch.start()
         self.epoch = epoch
         self.epochs += 1
