@@ -5,9 +5,10 @@ The supervisor checks the job once (settings, module, what runs clustered), star
 ``<cluster_worker_id or host name>-0`` .. ``-<N-1>`` (with ``admin_port`` P set, worker ``i``
 serves its admin port on P + i; it serves each HTTP ingress on the ingress's port + i:
 ``cluster_port_offset``), and restarts a worker that exits with an error or dies from a signal:
-after 1 s, doubling up to 30 s while it keeps dying within 10 s of its start. SIGINT or SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s).
-A worker that ends with exit code 0 (stopped by someone else) is not restarted. The workers
-share nothing but the Kafka cluster, as on separate machines.
+after 1 s, doubling up to 30 s while it keeps dying within 10 s of its start. SIGINT or
+SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s). A worker that ends
+with exit code 0 (stopped by someone else) is not restarted. The workers share nothing but the
+Kafka cluster, as on separate machines.
 """
 
 from __future__ import annotations
