@@ -27,7 +27,12 @@ from statefun._kafka import import_kafka
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
-from tests.integration.test_cluster_workers import _assigned_last, _partitions_of, read_outputs
+from tests.integration.test_cluster_workers import (
+    _assigned_last,
+    _partitions_of,
+    read_outputs,
+    state_counts,
+)
 
 kafka = import_kafka()
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -196,6 +201,10 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
 
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(ask, calls))
+    # a reply is released only after the checkpoint holding its effects committed: the state
+    # of every address called is in the changelog already
+    states = {k[1]: n for k, n in state_counts(cluster.config).items() if k[0] == "chttp/call"}
+    assert states == dict.fromkeys(ids[:20], 2)
     failed = [(i, w, call_owners[i], b) for i, w, (status, b) in replies if status != 200]
     assert failed == []  # (id, connection's worker, function's worker, why)
     for id_, worker, (_, body) in replies:
@@ -244,11 +253,17 @@ class Sender(threading.Thread):
 
 
 def test_a_killed_worker_loses_no_acknowledged_message(cluster: HttpCluster) -> None:
-    senders = [Sender(cluster, w, first) for w, first in (("w0", 0), ("w1", 1_000_000))]
+    senders = [
+        Sender(cluster, worker, first + thread * 100_000)
+        for worker, first in (("w0", 0), ("w1", 1_000_000))
+        for thread in range(3)
+    ]
     for sender in senders:
         sender.start()
     time.sleep(3)
-    cluster.workers.pop("w1").send_signal(signal.SIGKILL)
+    killed = cluster.workers.pop("w1")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
     time.sleep(2)
     cluster.start("w1")
     cluster.wait_assigned()
@@ -257,7 +272,7 @@ def test_a_killed_worker_loses_no_acknowledged_message(cluster: HttpCluster) -> 
         sender.stop_sending.set()
         sender.join(40)
     acked = [seq for sender in senders for seq in sender.acked]
-    sent = sum(sender.next for sender in senders) - 1_000_000
+    sent = sum(len(sender.acked) + len(sender.failed) for sender in senders)
     assert len(acked) > 50 and any(seq >= 1_000_000 for seq in acked)
     seen = read_outputs(cluster.bootstrap, cluster.output, len(acked), 90)
     assert [seq for seq in acked if str(seq) not in seen] == []  # none acknowledged is lost
