@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from statefun._exceptions import UnavailableError
 from statefun._http.server import Reply, Request, plain
@@ -44,16 +44,16 @@ from statefun.cluster._replies import (
     reply_row,
     request_prefix,
 )
+from statefun.egress.kafka import Row
 from statefun.ingress._http_kind import server_options
 from statefun.ingress._idempotency import HEADER_KEY
 from statefun.ingress.http import HttpSource
 from statefun.module._specs import HttpIngressSpec, ModuleSpec
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
-from statefun.runtime._job import Job
 from statefun.sdk._spec import SdkAddress
 
-__all__ = ["ClusteredHttpSource", "EpochHttp", "WorkerHttp", "http_ingresses"]
+__all__ = ["ClusteredHttpSource", "EpochHttp", "HttpJob", "WorkerHttp", "http_ingresses"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,31 @@ _IDEMPOTENCY_REFUSED = (
     "Idempotency-Key is not supported by a clustered job's HTTP ingress (keys are kept by one "
     "process, and a retry may reach another worker); send without it"
 )
+
+
+class _HoldsReplies(Protocol):
+    def hold_replies(self, request_checkpoint: Callable[[], None]) -> None: ...
+
+
+class HttpJob(Protocol):
+    """What the ingress takes from an epoch's job (``runtime/_job.py``)."""
+
+    @property
+    def outputs(self) -> _HoldsReplies: ...
+    def seal_replies(self) -> list[tuple[str, Any]]: ...
+    def send(self, envelope: Envelope) -> None: ...
+    def has_room(self) -> bool: ...
+    async def room(self) -> None: ...
+    def emit_many(
+        self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0
+    ) -> int: ...
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None: ...
+
+
+class RowWriter(Protocol):
+    """The worker's open transaction (``WorkerTransactions``)."""
+
+    def write_rows(self, rows: list[Row]) -> None: ...
 
 
 def http_ingresses(module: ModuleSpec) -> list[HttpIngressSpec]:
@@ -87,7 +112,7 @@ class _Cut:
 class EpochHttp:
     """The HTTP ingress's link to one epoch's job and transactions (see the module)."""
 
-    def __init__(self, owner: WorkerHttp, job: Job, transactions: Any) -> None:
+    def __init__(self, owner: WorkerHttp, job: HttpJob, transactions: RowWriter) -> None:
         self._owner = owner
         self.job = job
         self._transactions = transactions
@@ -122,7 +147,7 @@ class EpochHttp:
         the held replies for other instances into the transaction, keep this instance's."""
         cut = _Cut(self._acks)
         self._acks, self._held = [], False
-        rows = []
+        rows: list[Row] = []
         own = self._owner.instance
         for request_id, value in self.job.seal_replies():
             if instance_of(request_id) == own:
@@ -253,7 +278,7 @@ class WorkerHttp:
 
     # -- epochs -------------------------------------------------------------------------------
 
-    def attach(self, job: Job, transactions: Any) -> EpochHttp:
+    def attach(self, job: HttpJob, transactions: RowWriter) -> EpochHttp:
         """A new epoch's job serves the requests from now on."""
         self.current = link = EpochHttp(self, job, transactions)
         self._attached.set()
