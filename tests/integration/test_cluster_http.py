@@ -180,9 +180,18 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
     sends = [(seq, ids[seq % len(ids)], owners[ids[seq % len(ids)]]) for seq in range(300)]
     targets = [(seq, id_, owner if seq % 3 == 0 else other[owner]) for seq, id_, owner in sends]
 
+    took: dict[str, list[float]] = {"messages": [], "call": []}
+
+    def timed(route: str, url: str, body: str) -> tuple[int, str]:
+        began = time.monotonic()
+        answer = post(url, body)
+        took[route].append(time.monotonic() - began)
+        return answer
+
     def send(item: tuple[int, str, str]) -> tuple[int, str]:
         seq, id_, worker = item
-        return post(f"{cluster.url(worker)}/messages/chttp/record/{id_}", f"{seq}:{cluster.output}")
+        url = f"{cluster.url(worker)}/messages/chttp/record/{id_}"
+        return timed("messages", url, f"{seq}:{cluster.output}")
 
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(send, targets))
@@ -196,7 +205,7 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
 
     def ask(item: tuple[str, str]) -> tuple[str, str, tuple[int, str]]:
         id_, worker = item
-        answer = post(f"{cluster.url(worker)}/call/chttp/call/{id_}", f"from-{worker}")
+        answer = timed("call", f"{cluster.url(worker)}/call/chttp/call/{id_}", f"from-{worker}")
         return id_, worker, answer
 
     with ThreadPoolExecutor(8) as pool:
@@ -214,6 +223,12 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
     for id_ in ids[:20]:  # the function ran once per call: counts 1 and 2
         counts = sorted(b.split(":")[1] for i, _, (_, b) in replies if i == id_)
         assert counts == ["1", "2"], id_
+    for route, times in took.items():
+        times.sort()
+        p50, p99 = times[len(times) // 2], times[int(len(times) * 0.99)]
+        print(
+            f"\n/{route}: {len(times)} requests, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms"
+        )
     crossed = sum(1 for id_, worker in calls if call_owners[id_] != worker)
     assert crossed >= 10  # replies that came through the replies topic
     logs = {w: cluster.log(w).read_text() for w in WORKERS}
