@@ -53,7 +53,14 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
 from statefun.sdk._spec import SdkAddress
 
-__all__ = ["ClusteredHttpSource", "EpochHttp", "HttpJob", "WorkerHttp", "http_ingresses"]
+__all__ = [
+    "ClusteredHttpSource",
+    "EpochHttp",
+    "HttpCut",
+    "HttpJob",
+    "WorkerHttp",
+    "http_ingresses",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +109,26 @@ class ClusteredHttpSource(HttpSource):
 
 
 @dataclass
-class _Cut:
-    """What one checkpoint's cut took: acknowledgements and this instance's replies."""
+class HttpCut:
+    """What one checkpoint's cut took: acknowledgements and this instance's replies, settled
+    when the checkpoint committed or failed."""
 
+    owner: WorkerHttp
     acks: list[asyncio.Future[None]] = field(default_factory=list)
     local: list[tuple[str, Any]] = field(default_factory=list)
+
+    def committed(self) -> None:
+        for ack in self.acks:
+            if not ack.done():
+                ack.set_result(None)
+        for request_id, value in self.local:
+            self.owner.complete(request_id, value)
+
+    def aborted(self, error: BaseException) -> None:
+        refusal = UnavailableError(f"not accepted: the worker's checkpoint failed ({error})")
+        for ack in self.acks:
+            if not ack.done():
+                ack.set_exception(refusal)
 
 
 class EpochHttp:
@@ -142,10 +164,10 @@ class EpochHttp:
         await ack
         return True
 
-    def cut(self, config: ClusterConfig) -> _Cut:
+    def cut(self, config: ClusterConfig) -> HttpCut:
         """At the checkpoint's cut (synchronously): take the acknowledgements waiting, write
         the held replies for other instances into the transaction, keep this instance's."""
-        cut = _Cut(self._acks)
+        cut = HttpCut(self._owner, self._acks)
         self._acks, self._held = [], False
         rows: list[Row] = []
         own = self._owner.instance
@@ -160,19 +182,6 @@ class EpochHttp:
         if rows:
             self._transactions.write_rows(rows)
         return cut
-
-    def committed(self, cut: _Cut) -> None:
-        for ack in cut.acks:
-            if not ack.done():
-                ack.set_result(None)
-        for request_id, value in cut.local:
-            self._owner.complete(request_id, value)
-
-    def aborted(self, cut: _Cut, error: BaseException) -> None:
-        refusal = UnavailableError(f"not accepted: the worker's checkpoint failed ({error})")
-        for ack in cut.acks:
-            if not ack.done():
-                ack.set_exception(refusal)
 
     def close(self) -> None:
         """The epoch is gone: requests no cut took are not accepted."""

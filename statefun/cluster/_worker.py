@@ -299,8 +299,8 @@ class Epoch:
                 and empty_cut
                 and self._last_cut_empty
             ):
-                if http is not None and self.http_link is not None:
-                    self.http_link.committed(http)  # nothing to commit: its effects are done
+                if http is not None:
+                    http.committed()  # nothing to commit: its effects are done
                 return False
             rows = changelog_rows(
                 self.config, self.state, changed, messages, timers, self.partitions
@@ -318,11 +318,11 @@ class Epoch:
                     await self.transactions.commit(checkpoint_id)
                     self.committed += 1
             except BaseException as exc:
-                if http is not None and self.http_link is not None:
-                    self.http_link.aborted(http, exc)
+                if http is not None:
+                    http.aborted(exc)
                 raise
-            if http is not None and self.http_link is not None:
-                self.http_link.committed(http)
+            if http is not None:
+                http.committed()
             self._last_offsets = positions
             self._last_cut_empty = empty_cut
             return True

@@ -179,3 +179,13 @@ def test_reply_release_immediate_is_refused_only_with_an_http_ingress(tmp_path: 
     path.write_text(MODULE.split("---\nkind: io.pystatefun.http.v1/ingress")[0])
     module = load_module(path)
     assert unsupported(module, _settings(reply_release="immediate"), "127.0.0.1:9092") == []
+
+
+def test_http_ingress_ports_past_65535_for_the_workers_are_refused() -> None:
+    from statefun.cluster._supervisor import supervise
+    from statefun.module._specs import HttpIngressSpec, ModuleSpec
+
+    module = ModuleSpec(ingresses=(HttpIngressSpec(id="example/http", port=65534),))
+    refused = r"^ingress example/http: port 65534 \+ 3 workers goes past port 65535"
+    with pytest.raises(ConfigurationError, match=refused):
+        supervise(module, _settings(), [], [], 3)

@@ -96,7 +96,7 @@ async def test_acks_and_replies_wait_for_the_commit_of_their_cut(
     await asyncio.sleep(0)
     assert not waiting.done() and not submitted.done()  # not before the commit
 
-    link.committed(cut)
+    cut.committed()
     assert waiting.result() == TypedValue("ex/T", b"mine")
     assert await submitted is True
     assert own_id not in owner.replies
@@ -106,7 +106,7 @@ async def test_acks_and_replies_wait_for_the_commit_of_their_cut(
         link.submit(Envelope("chttp/call", "b", TypedValue("t/T", b""), None))
     )
     await asyncio.sleep(0)
-    link.aborted(link.cut(owner.config), RuntimeError("fenced"))
+    link.cut(owner.config).aborted(RuntimeError("fenced"))
     with pytest.raises(UnavailableError, match=r"not accepted: .*checkpoint failed \(fenced\)"):
         await failing
 
