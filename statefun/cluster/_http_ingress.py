@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from statefun._exceptions import UnavailableError
+from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._http.server import Reply, Request, plain
 from statefun._settings import Settings
 from statefun.cluster._config import ClusterConfig
@@ -72,6 +72,7 @@ _IDEMPOTENCY_REFUSED = (
 
 class _HoldsReplies(Protocol):
     def hold_replies(self, request_checkpoint: Callable[[], None]) -> None: ...
+    def on_undeliverable_call(self, tell: Callable[[str, str], None]) -> None: ...
 
 
 class HttpJob(Protocol):
@@ -140,10 +141,17 @@ class EpochHttp:
         self._transactions = transactions
         self._acks: list[asyncio.Future[None]] = []
         self._held = False
+        #: calls dead-lettered here whose callers wait elsewhere: (request id, reason)
+        self._undeliverable: list[tuple[str, Any]] = []
         self.attached = True
         job.outputs.hold_replies(self._reply_held)
+        job.outputs.on_undeliverable_call(self._undeliverable_call)
 
     def _reply_held(self) -> None:
+        self._held = True
+
+    def _undeliverable_call(self, request_id: str, reason: str) -> None:
+        self._undeliverable.append((request_id, UndeliverableError(reason)))
         self._held = True
 
     def wants_checkpoint(self) -> bool:
@@ -171,7 +179,8 @@ class EpochHttp:
         self._acks, self._held = [], False
         rows: list[Row] = []
         own = self._owner.instance
-        for request_id, value in self.job.seal_replies():
+        held, self._undeliverable = [*self.job.seal_replies(), *self._undeliverable], []
+        for request_id, value in held:
             if instance_of(request_id) == own:
                 cut.local.append((request_id, value))
                 continue
@@ -320,7 +329,10 @@ class WorkerHttp:
             self.dropped(f"reply for request {request_id} arrived after its caller left; dropped")
             return
         self.completed += 1
-        future.set_result(value)
+        if isinstance(value, UndeliverableError):  # the call's message is a dead letter: 422
+            future.set_exception(value)
+        else:
+            future.set_result(value)
 
     def dropped(self, text: str) -> None:
         self._limited.warn(text)

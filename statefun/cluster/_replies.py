@@ -16,6 +16,9 @@ only the partition of its own instance (``RepliesReader``, from the end it found
 completes the calls whose request id is its own. A reply for its own instance never leaves the
 worker: it is released in memory after the commit.
 
+A call whose message goes to the dead letters (on the function's worker) gets a record of its
+own, ``[2, request id, reason]``, travelling the same way: the caller's 422.
+
 Decoding is strict and total: a record that is not a reply (``ReplyRecordError``) is skipped
 with a rate-limited log line by the reader; it never stops the worker.
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 import msgpack
 
+from statefun._exceptions import UndeliverableError
 from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
 from statefun.egress.kafka import Row
@@ -55,6 +59,8 @@ log = logging.getLogger(__name__)
 #: a request id made by ``request_prefix``: instance, ingress index, sequence
 _REQUEST_ID = re.compile(r"([0-9a-f]{16})\.[0-9]+-[0-9]+")
 _VERSION = 1
+#: the first field of a record saying the call's message went to the dead letters
+_UNDELIVERABLE = 2
 #: the reader logs at most one line per kind of trouble this often
 _LOG_EVERY_S = 10.0
 
@@ -85,38 +91,53 @@ def replies_partition(config: ClusterConfig, instance: str) -> int:
 
 
 def reply_row(config: ClusterConfig, request_id: str, value: Any) -> Row:
-    """The reply ``value`` (a typed value) to ``request_id`` as a replies-topic record.
-    Raises ReplyRecordError when ``request_id`` names no instance."""
+    """The reply ``value`` to ``request_id`` as a replies-topic record: a typed value, or an
+    ``UndeliverableError`` (the call's message went to the dead letters: a 422). Raises
+    ReplyRecordError when ``request_id`` names no instance."""
     instance = instance_of(request_id)
     if instance is None:
         raise ReplyRecordError(f"reply to {request_id!r}: not a clustered request id")
     key = f"{replies_partition(config, instance)}:{instance}"
-    has_value = bool(value.has_value)
-    body = [_VERSION, request_id, str(value.typename), has_value, bytes(value.value or b"")]
+    if isinstance(value, UndeliverableError):
+        body: list[Any] = [_UNDELIVERABLE, request_id, str(value)]
+    else:
+        has_value = bool(value.has_value)
+        body = [_VERSION, request_id, str(value.typename), has_value, bytes(value.value or b"")]
     return (config.replies_topic, key, bytes(msgpack.packb(body, use_bin_type=True)), None)
 
 
-def decode_reply(key: bytes | None, value: bytes | None) -> tuple[str, str, TypedValue]:
-    """(instance, request id, reply) of a replies-topic record; ReplyRecordError otherwise."""
+def decode_reply(key: bytes | None, value: bytes | None) -> tuple[str, str, Any]:
+    """(instance, request id, reply) of a replies-topic record, the reply a typed value or an
+    ``UndeliverableError``; ReplyRecordError when it is not a reply."""
     if value is None:
         raise ReplyRecordError("a record without a value")
     try:
         fields = msgpack.unpackb(value, raw=False)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ReplyRecordError(f"not msgpack ({type(exc).__name__})") from None
-    if not isinstance(fields, list) or len(fields) != 5 or fields[0] != _VERSION:
-        raise ReplyRecordError("not a reply record (version 1 of 5 fields)")
-    _, request_id, typename, has_value, body = fields
-    if not isinstance(request_id, str) or not isinstance(typename, str) or not typename:
-        raise ReplyRecordError("its request id or typename is not text")
-    if not isinstance(has_value, bool) or not isinstance(body, bytes):
-        raise ReplyRecordError("its value is not bytes")
+    reply: Any
+    if isinstance(fields, list) and len(fields) == 3 and fields[0] == _UNDELIVERABLE:
+        _, request_id, reason = fields
+        if not isinstance(reason, str):
+            raise ReplyRecordError("its dead letter's reason is not text")
+        reply = UndeliverableError(reason)
+    elif isinstance(fields, list) and len(fields) == 5 and fields[0] == _VERSION:
+        _, request_id, typename, has_value, body = fields
+        if not isinstance(typename, str) or not typename:
+            raise ReplyRecordError("its typename is not text")
+        if not isinstance(has_value, bool) or not isinstance(body, bytes):
+            raise ReplyRecordError("its value is not bytes")
+        reply = TypedValue(typename, body if has_value else None)
+    else:
+        raise ReplyRecordError("not a reply record (a reply of 5 fields or a dead letter of 3)")
+    if not isinstance(request_id, str):
+        raise ReplyRecordError("its request id is not text")
     instance = instance_of(request_id)
     if instance is None:
         raise ReplyRecordError(f"{request_id[:80]!r} is not a clustered request id")
     if key is not None and not key.endswith(b":" + instance.encode("ascii")):
         raise ReplyRecordError(f"its key does not name instance {instance}")
-    return instance, request_id, TypedValue(typename, body if has_value else None)
+    return instance, request_id, reply
 
 
 class RateLimitedLog:
@@ -147,7 +168,7 @@ class RepliesReader:
         self,
         config: ClusterConfig,
         instance: str,
-        deliver: Callable[[str, TypedValue], None],
+        deliver: Callable[[str, Any], None],
         poll_ms: int = 100,
     ) -> None:
         self.config = config

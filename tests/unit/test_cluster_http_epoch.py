@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from statefun._addresses import REPLY_TYPENAME
-from statefun._exceptions import UnavailableError
+from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._settings import Settings
 from statefun.cluster import cluster_config
 from statefun.cluster._http_ingress import WorkerHttp
@@ -22,6 +22,7 @@ from statefun.cluster._replies import decode_reply, request_prefix
 from statefun.module import load_module
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._job import Job
+from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
 
 FNS = Path(__file__).parents[1] / "integration" / "fns" / "cluster_http_fns.py"
@@ -136,3 +137,38 @@ async def test_a_reply_nobody_waits_for_is_dropped_with_one_line(
             owner.complete(f"{request_prefix(owner.instance, 0)}-{n}", TypedValue("ex/T", b""))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "arrived after its caller left; dropped" in lines[0]
+
+
+async def test_a_dead_lettered_call_is_answered_on_its_callers_worker_after_the_commit(
+    tmp_path: Path,
+) -> None:
+    owner, job = _worker(tmp_path)
+    transaction = Transaction()
+    link = owner.attach(job, transaction)
+    own_id = f"{request_prefix(owner.instance, 0)}-1"
+    other_id = f"{OTHER}.0-2"
+    waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    owner.replies[own_id] = waiting
+    value = TypedValue("ex/T", b"")
+    job.dead_letter(
+        [
+            Envelope(
+                "chttp/call",
+                "a",
+                value,
+                SdkAddress("pystatefun.http", "reply", rid, REPLY_TYPENAME),
+            )
+            for rid in (own_id, other_id)
+        ],
+        "the function failed",
+    )
+    assert link.wants_checkpoint()
+    cut = link.cut(owner.config)
+    [(_, key, record, _)] = transaction.rows
+    _, request_id, reply = decode_reply(key.encode(), record)
+    assert request_id == other_id and isinstance(reply, UndeliverableError)
+    assert str(reply) == "dead letter 2: the function failed"
+    assert not waiting.done()
+    cut.committed()
+    with pytest.raises(UndeliverableError, match="dead letter 1: the function failed"):
+        waiting.result()

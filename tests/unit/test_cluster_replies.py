@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from statefun._exceptions import UndeliverableError
 from statefun._settings import Settings
 from statefun.cluster import cluster_config
 from statefun.cluster._config import ClusterConfig
@@ -67,6 +68,17 @@ def test_a_reply_record_round_trips_to_its_instances_partition() -> None:
     assert (empty.has_value, empty.value) == (False, b"")
 
 
+def test_a_dead_lettered_call_travels_as_its_reason() -> None:
+    config = _config()
+    instance = new_instance()
+    request_id = f"{request_prefix(instance, 1)}-4"
+    reason = "dead letter 7: function failed"
+    _, key, value, _ = reply_row(config, request_id, UndeliverableError(reason))
+    got_instance, got_id, reply = decode_reply(key.encode(), value)
+    assert (got_instance, got_id) == (instance, request_id)
+    assert isinstance(reply, UndeliverableError) and str(reply) == reason
+
+
 def test_a_reply_to_an_id_of_no_instance_is_refused() -> None:
     with pytest.raises(ReplyRecordError, match="not a clustered request id"):
         reply_row(_config(), "1a2b3c4d-5", TypedValue("ex/T", b""))
@@ -83,8 +95,10 @@ BAD_RECORDS = [
     (None, b"\xc1", "not msgpack"),
     (None, _packed({"a": 1}), "not a reply record"),
     (None, _packed([2, GOOD_ID, "ex/T", True, b""]), "not a reply record"),
-    (None, _packed([1, 7, "ex/T", True, b""]), "request id or typename is not text"),
-    (None, _packed([1, GOOD_ID, "", True, b""]), "request id or typename is not text"),
+    (None, _packed([1, 7, "ex/T", True, b""]), "its request id is not text"),
+    (None, _packed([1, GOOD_ID, "", True, b""]), "its typename is not text"),
+    (None, _packed([2, GOOD_ID, 5]), "its dead letter's reason is not text"),
+    (None, _packed([2, None, "why"]), "its request id is not text"),
     (None, _packed([1, GOOD_ID, "ex/T", 1, b""]), "its value is not bytes"),
     (None, _packed([1, GOOD_ID, "ex/T", True, "text"]), "its value is not bytes"),
     (None, _packed([1, "x" * 500, "ex/T", True, b""]), "is not a clustered request id"),
