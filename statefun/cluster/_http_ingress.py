@@ -144,6 +144,7 @@ class EpochHttp:
         #: calls dead-lettered here whose callers wait elsewhere: (request id, reason)
         self._undeliverable: list[tuple[str, Any]] = []
         self.attached = True
+        self._detached = asyncio.Event()
         job.outputs.hold_replies(self._reply_held)
         job.outputs.on_undeliverable_call(self._undeliverable_call)
 
@@ -162,8 +163,14 @@ class EpochHttp:
         """Send ``envelope`` into the job and wait for the commit that holds it. False: this
         epoch was detached while waiting for room (send it to the next one)."""
         job = self.job
-        if not job.has_room():
-            await job.room()
+        if not job.has_room():  # until there is room, or the epoch is gone (its job with it)
+            room = asyncio.ensure_future(job.room())
+            gone = asyncio.ensure_future(self._detached.wait())
+            try:
+                await asyncio.wait((room, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                room.cancel()
+                gone.cancel()
         if not self.attached:
             return False
         job.send(envelope)
@@ -192,9 +199,14 @@ class EpochHttp:
             self._transactions.write_rows(rows)
         return cut
 
+    def detach(self) -> None:
+        """New requests go to the next epoch; those waiting for room here go there too."""
+        self.attached = False
+        self._detached.set()
+
     def close(self) -> None:
         """The epoch is gone: requests no cut took are not accepted."""
-        self.attached = False
+        self.detach()
         refusal = UnavailableError("not accepted: the worker gave its key groups up; retry")
         acks, self._acks = self._acks, []
         for ack in acks:
@@ -304,7 +316,7 @@ class WorkerHttp:
 
     def detach(self, link: EpochHttp) -> None:
         """``link``'s epoch stops: new requests wait for the next one."""
-        link.attached = False
+        link.detach()
         if self.current is link:
             self.current = None
             self._attached.clear()

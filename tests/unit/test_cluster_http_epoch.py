@@ -172,3 +172,28 @@ async def test_a_dead_lettered_call_is_answered_on_its_callers_worker_after_the_
     cut.committed()
     with pytest.raises(UndeliverableError, match="dead letter 1: the function failed"):
         waiting.result()
+
+
+async def test_a_request_waiting_for_room_moves_on_when_its_epoch_goes(tmp_path: Path) -> None:
+    owner, _ = _worker(tmp_path)
+    settings = Settings.load(
+        {"max_in_flight_messages": "1", "dead_letter_path": str(tmp_path / "d.jsonl")},
+        environ={},
+    )
+    job = Job(load_module(tmp_path / "module.yaml"), settings)
+    link = owner.attach(job, Transaction())
+    loop = asyncio.get_running_loop()
+    first = loop.create_task(link.submit(Envelope("chttp/call", "a", TypedValue("t/T", b""), None)))
+    await asyncio.sleep(0)
+    assert not job.has_room()  # the one message in flight fills the job
+    second = loop.create_task(
+        link.submit(Envelope("chttp/call", "b", TypedValue("t/T", b""), None))
+    )
+    await asyncio.sleep(0.05)
+    assert not second.done()
+    owner.detach(link)  # the epoch stops: its job never makes room again
+    assert await asyncio.wait_for(second, 1) is False  # sent to the next epoch instead
+    assert job.pending == 1
+    link.close()
+    with pytest.raises(UnavailableError):
+        await first
