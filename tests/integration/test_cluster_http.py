@@ -289,7 +289,8 @@ def test_a_killed_worker_loses_no_acknowledged_message(cluster: HttpCluster) -> 
     acked = [seq for sender in senders for seq in sender.acked]
     sent = sum(len(sender.acked) + len(sender.failed) for sender in senders)
     assert len(acked) > 50 and any(seq >= 1_000_000 for seq in acked)
-    seen = read_outputs(cluster.bootstrap, cluster.output, len(acked), 90)
+    wanted = {str(seq) for seq in acked}
+    seen = read_outputs(cluster.bootstrap, cluster.output, len(acked), 90, wanted)
     assert [seq for seq in acked if str(seq) not in seen] == []  # none acknowledged is lost
     assert [value for value, n in seen.items() if n > 1] == []  # none twice
     print(
