@@ -16,7 +16,7 @@ from statefun.module._fields import Fields
 from statefun.module._http_options import ingress_allowed_hosts, ingress_tls, ingress_token
 from statefun.module._specs import HttpIngressSpec
 
-__all__ = ["KIND"]
+__all__ = ["KIND", "server_options"]
 
 
 def _parse(spec: Fields) -> HttpIngressSpec:
@@ -78,6 +78,10 @@ def _server_options(settings: Settings, ingress: HttpIngressSpec) -> ServerOptio
     return ServerOptions.from_settings(
         settings, allowed_hosts=ingress.allowed_hosts, token=ingress.token, tls=tls
     )
+
+
+#: the ingress's server options from the settings (a clustered worker builds its sources too)
+server_options = _server_options
 
 
 def _label(spec: HttpIngressSpec) -> str:

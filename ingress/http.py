@@ -83,6 +83,7 @@ class HttpSource(Source):
         idempotency_max_reply_bytes: int = 256 << 20,
         server_options: ServerOptions | None = None,
         unanswered: Callable[[str, str], str] | None = None,
+        request_prefix: str | None = None,
     ) -> None:
         super().__init__(ingress_id)
         #: why a /call got no reply in time, from its request id and function type (the
@@ -118,7 +119,9 @@ class HttpSource(Source):
         self._context: IngressContext | None = None
         self._server: HttpServer | None = None
         self._ids = itertools.count()
-        self._prefix = os.urandom(4).hex()
+        #: before ``-<n>`` in request ids (a clustered worker's names the process: the
+        #: function's reply finds the connection's worker by it)
+        self._prefix = request_prefix or os.urandom(4).hex()
         self._waiting = 0
         self.accepted = 0
 
@@ -377,6 +380,8 @@ class HttpSource(Source):
             await self._deliver(typename, id_, value, None, key=key)
         except _Refused as exc:
             return exc.reply
+        except UnavailableError as exc:  # the runtime could not keep it: not accepted
+            return plain(503, str(exc))
         self.accepted += 1
         return plain(202, "accepted")
 
@@ -407,6 +412,8 @@ class HttpSource(Source):
                 return plain(422, f"{typename}/{id_}: {exc}")
         except _Refused as exc:
             return exc.reply
+        except UnavailableError as exc:
+            return plain(503, str(exc))
         finally:
             if key is None or not key.emitted:
                 self.replies.pop(request_id, None)

@@ -420,6 +420,13 @@ class Settings:
         default=1,
         metadata=_doc("replicas of the job's exchange and changelog topics when they are made"),
     )
+    cluster_port_offset: int = field(
+        default=0,
+        metadata=_doc(
+            "added to the port of each HTTP ingress this worker serves (a port 0 stays 0); "
+            "statefun run --workers N gives worker i the offset i"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_values(self)

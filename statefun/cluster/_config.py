@@ -10,6 +10,8 @@ through Kafka alone:
 * ``pystatefun.<job>.changelog``: compacted; per partition, the durable state of its key groups
   (one record per address) and the checkpoint's cut of those key groups (messages in flight,
   pending delayed messages).
+* ``pystatefun.<job>.replies``: replies of HTTP request-reply calls, to the worker holding the
+  caller's connection (``_replies.py``).
 * consumer group ``pystatefun.<job>``: membership; its assignment of the exchange's partitions
   says which worker owns which key groups.
 * transactional ids ``pystatefun.<job>.<worker id>-<slot>``: stable per worker, so a restarted
@@ -59,6 +61,11 @@ class ClusterConfig:
     @property
     def changelog_topic(self) -> str:
         return f"{PREFIX}.{self.job_id}.changelog"
+
+    @property
+    def replies_topic(self) -> str:
+        """Replies of HTTP request-reply calls to the worker holding the caller's connection."""
+        return f"{PREFIX}.{self.job_id}.replies"
 
     @property
     def group_id(self) -> str:

@@ -116,7 +116,7 @@ class WorkerTransactions(KafkaSink):
             {"transactional.id": config.transactional_base},
         )
         partitioner = InternalPartitioner(
-            frozenset((config.exchange_topic, config.changelog_topic))
+            frozenset((config.exchange_topic, config.changelog_topic, config.replies_topic))
         )
         self._plain_config["partitioner"] = partitioner
         self._transactional_config["partitioner"] = partitioner

@@ -3,11 +3,12 @@
 The supervisor checks the job once (settings, module, what runs clustered), starts N
 ``statefun worker`` processes with the same module and settings and the worker ids
 ``<cluster_worker_id or host name>-0`` .. ``-<N-1>`` (with ``admin_port`` P set, worker ``i``
-serves its admin port on P + i), and restarts a worker that exits with an
-error or dies from a signal: after 1 s, doubling up to 30 s while it keeps dying within 10 s of
-its start. SIGINT or SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s).
-A worker that ends with exit code 0 (stopped by someone else) is not restarted. The workers
-share nothing but the Kafka cluster, as on separate machines.
+serves its admin port on P + i; it serves each HTTP ingress on the ingress's port + i:
+``cluster_port_offset``), and restarts a worker that exits with an error or dies from a signal:
+after 1 s, doubling up to 30 s while it keeps dying within 10 s of its start. SIGINT or
+SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s). A worker that ends
+with exit code 0 (stopped by someone else) is not restarted. The workers share nothing but the
+Kafka cluster, as on separate machines.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from statefun._exceptions import ConfigurationError
 from statefun._settings import Settings
 from statefun.cluster._config import cluster_config
 from statefun.cluster._support import check_clusterable
-from statefun.module._specs import ModuleSpec
+from statefun.module._specs import HttpIngressSpec, ModuleSpec
 
 __all__ = ["supervise", "worker_ids"]
 
@@ -49,6 +50,7 @@ class _Worker:
     restart_at: float | None = None
     restarts: int = 0
     admin_port: int = 0
+    index: int = 0
 
 
 def supervise(
@@ -68,7 +70,16 @@ def supervise(
     if count < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {count}")
     check_clusterable(module, settings, from_savepoint=False, bootstrap=config.bootstrap_servers)
-    workers = [_Worker(worker_id) for worker_id in worker_ids(config.worker_id, count)]
+    workers = [
+        _Worker(worker_id, index=index)
+        for index, worker_id in enumerate(worker_ids(config.worker_id, count))
+    ]
+    for ingress in module.ingresses:
+        if isinstance(ingress, HttpIngressSpec) and ingress.port + count - 1 > 65535:
+            raise ConfigurationError(
+                f"ingress {ingress.id}: port {ingress.port} + {count} workers goes past port "
+                "65535 (worker i serves the HTTP ingress on its port + i)"
+            )
     if settings.admin_port + count - 1 > 65535:
         raise ConfigurationError(
             f"admin_port {settings.admin_port} + {count} workers goes past port 65535 "
@@ -112,6 +123,7 @@ def supervise(
 
 def _start(worker: _Worker, base_args: list[str]) -> None:
     args = [*base_args, "--set", f"cluster.worker_id={worker.id}"]
+    args += ["--set", f"cluster.port_offset={worker.index}"]
     if worker.admin_port:
         args += ["--set", f"admin_port={worker.admin_port}"]
     worker.process = subprocess.Popen(args)

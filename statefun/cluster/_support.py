@@ -27,13 +27,7 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
     found: list[str] = []
     for ingress in module.ingresses:
         where = f" ({ingress.source})" if ingress.source else ""
-        if isinstance(ingress, HttpIngressSpec):
-            found.append(
-                f"ingress {ingress.id}{where}: the HTTP ingress cannot run clustered yet (its "
-                "write-ahead log is on one machine's disk, and a reply must reach the worker "
-                "holding the caller's connection); feed a clustered job through Kafka"
-            )
-        elif isinstance(ingress, KafkaIngressSpec):
+        if isinstance(ingress, KafkaIngressSpec):
             if bootstrap and ingress.address != bootstrap:
                 found.append(
                     f"ingress {ingress.id}{where}: its address {ingress.address} is not the "
@@ -64,6 +58,12 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
                 f"egress {egress.id}{where}: a file egress cannot run clustered (each worker "
                 "would write its own file); use a Kafka egress"
             )
+    has_http = any(isinstance(ingress, HttpIngressSpec) for ingress in module.ingresses)
+    if has_http and settings.reply_release != "on-checkpoint":
+        found.append(
+            f"reply_release={settings.reply_release}: a clustered job releases an HTTP call's "
+            "reply once the checkpoint that produced it committed (on-checkpoint) only"
+        )
     if settings.state_backend != "memory":
         found.append(
             f"state_backend={settings.state_backend}: a clustered job keeps its state in Kafka "

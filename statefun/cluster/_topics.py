@@ -1,11 +1,12 @@
 """Making a clustered job's internal topics, or checking the ones that exist.
 
-Every worker calls ``ensure_topics`` at start: the first makes the exchange topic and the
-compacted changelog topic (as many partitions as ``cluster_partitions``), the others find them
-made. Topics that exist with another partition count cannot serve the job (a key group would
-map onto another partition than its state's): that is one ``ConfigurationError`` naming the
-topic, never a silent repartition. kafka-python's admin client is blocking: call this in a
-worker thread from the event loop.
+Every worker calls ``ensure_topics`` at start: the first makes the exchange topic, the
+compacted changelog topic and the replies topic (as many partitions as
+``cluster_partitions``), the others find them made. Topics that exist with another
+partition count cannot serve the job (a key group would map onto another partition than
+its state's): that is one ``ConfigurationError`` naming the topic, never a silent
+repartition. kafka-python's admin client is blocking: call this in a worker thread from the
+event loop.
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ log = logging.getLogger(__name__)
 #: owner of its partition and only needs to outlive a rebalance, a week by default.
 _CHANGELOG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
 _EXCHANGE = {"cleanup.policy": "delete"}
+#: a reply is read within the call's reply timeout or never: an hour is plenty
+_REPLIES = {"cleanup.policy": "delete", "retention.ms": "3600000"}
 #: how long a topic found without partitions is described again
 _METADATA_WAIT_S = 10.0
 
 
 def topic_configs(config: ClusterConfig) -> dict[str, dict[str, str]]:
     """Topic name -> the configs ``ensure_topics`` makes it with."""
-    return {config.exchange_topic: dict(_EXCHANGE), config.changelog_topic: dict(_CHANGELOG)}
+    return {
+        config.exchange_topic: dict(_EXCHANGE),
+        config.changelog_topic: dict(_CHANGELOG),
+        config.replies_topic: dict(_REPLIES),
+    }
 
 
 def ensure_topics(config: ClusterConfig, timeout_ms: int = 30_000) -> list[str]:

@@ -43,6 +43,7 @@ from statefun.cluster._carry import Carried, carry_cut, changelog_ends
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
 from statefun.cluster._ingress import ClusteredKafkaSource
 from statefun.cluster._membership import ExchangeSource, Membership, Partitions
 from statefun.cluster._topics import ensure_topics
@@ -142,6 +143,7 @@ class Epoch:
         partitions: Partitions,
         input_partitions: list[tuple[str, int]],
         carried: Carried | None = None,
+        http: WorkerHttp | None = None,
     ) -> None:
         self.module = module
         #: the previous epoch's last cut (partitions this one may take from memory)
@@ -150,6 +152,9 @@ class Epoch:
         self.carry: Carried | None = None
         #: the group generation of this assignment
         self.generation: int = membership.generation
+        #: the worker's HTTP ingresses; each epoch's job serves them (``_http_ingress.py``)
+        self.http = http
+        self.http_link: EpochHttp | None = None
         self.settings = settings
         self.config = config
         self.membership = membership
@@ -223,6 +228,8 @@ class Epoch:
         )
         self._last_cut_empty = not (restored.messages or restored.timers or messages or timers)
         self.carried = None
+        if self.http is not None:
+            self.http_link = self.http.attach(job, self.transactions)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
 
@@ -268,6 +275,8 @@ class Epoch:
         loop = asyncio.get_running_loop()
         interval = self.settings.checkpoint_interval_ms / 1000
         idle = self.settings.idle_checkpoint_delay_ms / 1000
+        soon = self.settings.reply_checkpoint_delay_ms / 1000
+        http = self.http_link
         next_at, ended, cpu = loop.time() + interval, loop.time(), 0.0
         while True:
             await asyncio.sleep(_TICK_S)
@@ -275,7 +284,9 @@ class Epoch:
                 forwarder.forward()
             now = loop.time()
             early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
-            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)):
+            # HTTP requests waiting for a commit: group commit, as replies in one process
+            asked = http is not None and http.wants_checkpoint() and now - ended >= soon
+            if now < next_at and not (early and now - ended >= max(idle, 9 * cpu)) and not asked:
                 continue
             next_at = now + interval
             started = time.process_time()
@@ -322,6 +333,7 @@ class Epoch:
                 raise JobFailedError("the job failed: no checkpoint is taken after a failure")
             for forwarder in self._forwarders:
                 forwarder.forward()
+            http = None if self.http_link is None else self.http_link.cut(self.config)
             changed = self.state.take_changed()
             messages = job.messages_in_flight()
             timers = list(job.timers.pending())
@@ -346,6 +358,8 @@ class Epoch:
                 and empty_cut
                 and self._last_cut_empty
             ):
+                if http is not None:
+                    http.committed()  # nothing to commit: its effects are done
                 await self._carry_ends(cut)
                 return False
             rows = changelog_rows(
@@ -359,9 +373,16 @@ class Epoch:
             }
             self._checkpoint_id += 1
             checkpoint_id = self._checkpoint_id
-            if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
-                await self.transactions.commit(checkpoint_id)
-                self.committed += 1
+            try:
+                if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
+                    await self.transactions.commit(checkpoint_id)
+                    self.committed += 1
+            except BaseException as exc:
+                if http is not None:
+                    http.aborted(exc)
+                raise
+            if http is not None:
+                http.committed()
             self._last_offsets = positions
             self._last_cut_empty = empty_cut
             await self._carry_ends(cut)
@@ -377,10 +398,14 @@ class Epoch:
         """Checkpoint (when asked and the job is sound), then drop the job; with ``carry``,
         the checkpoint's cut, for partitions the worker may get back (None: no checkpoint)."""
         job = self.job
+        if self.http is not None and self.http_link is not None:
+            self.http.detach(self.http_link)  # new requests wait for the next epoch
         try:
             if checkpoint and job is not None and not job.failed:
                 await self.checkpoint(carry=carry)
         finally:
+            if self.http_link is not None:
+                self.http_link.close()
             if job is not None:
                 job.abandon()
             for task in self._tasks[1:]:  # the checkpoints; the job ends by itself
@@ -410,6 +435,7 @@ class ClusterWorker:
         self.settings = dataclasses.replace(settings, checkpoint_dir="")
         self.config = config
         self.admin = WorkerAdmin(self.settings, config) if settings.admin_port else None
+        self.http = WorkerHttp(module, settings, config) if http_ingresses(module) else None
         self.epoch: Epoch | None = None
         self.membership: Membership | None = None
         self._stopping = asyncio.Event()
@@ -426,8 +452,12 @@ class ClusterWorker:
         if self.admin is not None:
             await self.admin.start()
         try:
+            if self.http is not None:
+                await self.http.start()
             await self._run()
         finally:
+            if self.http is not None:
+                await self.http.close()
             if self.admin is not None:
                 await self.admin.close()
 
@@ -493,7 +523,14 @@ class ClusterWorker:
         assert self.membership is not None
         carried, self._carried = self._carried, None
         epoch = Epoch(
-            self.module, self.settings, self.config, self.membership, partitions, inputs, carried
+            self.module,
+            self.settings,
+            self.config,
+            self.membership,
+            partitions,
+            inputs,
+            carried,
+            http=self.http,
         )
         await epoch.start()
         self.epoch = epoch

@@ -51,6 +51,9 @@ class Outputs:
         #: set: replies are held until a checkpoint completes, and this asks for one
         self._request_checkpoint: Callable[[], None] | None = None
         self._unreleased_replies: list[tuple[str, Any]] = []
+        #: set: told of a dead-lettered call whose caller waits elsewhere (a clustered worker
+        #: sends the 422 to the worker holding the connection)
+        self._undeliverable_call: Callable[[str, str], None] | None = None
         self._auto_commit = 0
 
     # -- egress ---------------------------------------------------------------------------
@@ -121,6 +124,10 @@ class Outputs:
         on-checkpoint``); ``request_checkpoint`` asks for one when the first is held."""
         self._request_checkpoint = request_checkpoint
 
+    def on_undeliverable_call(self, tell: Callable[[str, str], None]) -> None:
+        """``tell(request id, reason)`` for a dead-lettered call no caller here waits for."""
+        self._undeliverable_call = tell
+
     # -- dead letters ---------------------------------------------------------------------
 
     def dead_letter(self, batch: list[Envelope], reason: str) -> None:
@@ -146,6 +153,8 @@ class Outputs:
                 future = self.replies.pop(caller.id, None)
                 if future is not None and not future.done():
                     future.set_exception(UndeliverableError(f"dead letter {seq}: {reason}"))
+                elif future is None and self._undeliverable_call is not None:
+                    self._undeliverable_call(caller.id, f"dead letter {seq}: {reason}")
 
     def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
         """Something other than a message (an ingress record, a state value) that goes to

@@ -32,7 +32,7 @@ def _config(bootstrap: str, job_id: str, partitions: int) -> ClusterConfig:
 
 def test_topics_are_made_once_then_checked(bootstrap: str) -> None:
     config = _config(bootstrap, f"topics-{uuid.uuid4().hex[:8]}", 6)
-    assert ensure_topics(config) == [config.exchange_topic, config.changelog_topic]
+    assert ensure_topics(config) == list(_names(config))
     assert ensure_topics(config) == []  # the next worker finds them
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -40,6 +40,7 @@ def test_topics_are_made_once_then_checked(bootstrap: str) -> None:
         assert {name: len(t["partitions"]) for name, t in described.items()} == {
             config.exchange_topic: 6,
             config.changelog_topic: 6,
+            config.replies_topic: 6,
         }
         resource = kafka.admin.ConfigResource("TOPIC", config.changelog_topic, ["cleanup.policy"])
         found = admin.describe_configs([resource], config_filter="all")
@@ -74,5 +75,5 @@ def test_a_changelog_that_is_not_compacted_is_refused(bootstrap: str) -> None:
         ensure_topics(config)
 
 
-def _names(config: ClusterConfig) -> tuple[str, str]:
-    return config.exchange_topic, config.changelog_topic
+def _names(config: ClusterConfig) -> tuple[str, str, str]:
+    return config.exchange_topic, config.changelog_topic, config.replies_topic

@@ -154,9 +154,11 @@ def cluster(tmp_path: Path, bootstrap: str) -> Iterator[Cluster]:
         made.close()
 
 
-def read_outputs(bootstrap: str, topic: str, count: int, seconds: float) -> Counter[str]:
-    """The output values, read ``read_committed`` until ``count`` or ``seconds``, then a
-    little longer (a duplicate would come late)."""
+def read_outputs(
+    bootstrap: str, topic: str, count: int, seconds: float, wanted: set[str] | None = None
+) -> Counter[str]:
+    """The output values, read ``read_committed`` until ``count`` (or each of ``wanted``) or
+    ``seconds``, then a little longer (a duplicate would come late)."""
     reader = kafka.KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -171,7 +173,8 @@ def read_outputs(bootstrap: str, topic: str, count: int, seconds: float) -> Coun
         while time.monotonic() < (settle or deadline):
             for records in reader.poll(timeout_ms=200).values():
                 seen.update(record.value.decode() for record in records)
-            if settle is None and sum(seen.values()) >= count:
+            done = wanted <= seen.keys() if wanted is not None else sum(seen.values()) >= count
+            if settle is None and done:
                 settle = time.monotonic() + 2
     finally:
         reader.close()

@@ -32,6 +32,7 @@ def test_dotted_names_on_the_command_line_are_the_settings() -> None:
     assert config.partitions == 16
     assert config.exchange_topic == "pystatefun.shop.exchange"
     assert config.changelog_topic == "pystatefun.shop.changelog"
+    assert config.replies_topic == "pystatefun.shop.replies"
     assert config.group_id == "pystatefun.shop"
     assert config.transactional_base == "pystatefun.shop.w1"
 
@@ -144,14 +145,14 @@ spec:
   id: example/out
   address: 127.0.0.1:9092
   deliverySemantic: exactly-once
-"""
-
-REFUSED = """\
 ---
 kind: io.pystatefun.http.v1/ingress
 spec:
   id: example/http
   port: 8091
+"""
+
+REFUSED = """\
 ---
 kind: io.pystatefun.file.v1/egress
 spec:
@@ -193,12 +194,30 @@ def test_what_cannot_run_clustered_is_refused_in_one_line(tmp_path: Path) -> Non
     path = tmp_path / "module.yaml"
     path.write_text(MODULE + REFUSED)
     module = load_module(path)
-    reasons = unsupported(module, _settings(state_backend="rocksdb"))
+    reasons = unsupported(module, _settings(state_backend="rocksdb", reply_release="immediate"))
     assert [r.split(":")[0] for r in reasons] == [
-        "ingress example/http (" + str(path) + ", document 4 (io.pystatefun.http.v1/ingress))",
         "egress example/file (" + str(path) + ", document 5 (io.pystatefun.file.v1/egress))",
+        "reply_release=immediate",
         "state_backend=rocksdb",
     ]
-    refused = r"^cluster: ingress example/http .* \(and 2 more\)$"
+    refused = r"^cluster: egress example/file .* \(and 2 more\)$"
     with pytest.raises(ConfigurationError, match=refused):
-        check_clusterable(module, _settings(state_backend="rocksdb"), from_savepoint=True)
+        settings = _settings(state_backend="rocksdb", reply_release="immediate")
+        check_clusterable(module, settings, from_savepoint=True)
+
+
+def test_reply_release_immediate_is_refused_only_with_an_http_ingress(tmp_path: Path) -> None:
+    path = tmp_path / "module.yaml"
+    path.write_text(MODULE.split("---\nkind: io.pystatefun.http.v1/ingress")[0])
+    module = load_module(path)
+    assert unsupported(module, _settings(reply_release="immediate"), "127.0.0.1:9092") == []
+
+
+def test_http_ingress_ports_past_65535_for_the_workers_are_refused() -> None:
+    from statefun.cluster._supervisor import supervise
+    from statefun.module._specs import HttpIngressSpec, ModuleSpec
+
+    module = ModuleSpec(ingresses=(HttpIngressSpec(id="example/http", port=65534),))
+    refused = r"^ingress example/http: port 65534 \+ 3 workers goes past port 65535"
+    with pytest.raises(ConfigurationError, match=refused):
+        supervise(module, _settings(), [], [], 3)

@@ -1,0 +1,357 @@
+"""The HTTP ingress of a clustered job: every worker serves it, Kafka carries the rest.
+
+``WorkerHttp`` lives as long as the worker process, across assignments (as its admin port
+does): one ``ClusteredHttpSource`` per HTTP ingress of the module, on the ingress's port plus
+``cluster_port_offset`` (``statefun run --workers N`` gives worker *i* the offset *i*), and
+one ``RepliesReader``. Each assignment's ``Epoch`` attaches an ``EpochHttp`` to it:
+
+* **Routing.** An accepted request's message is sent into the epoch's job like any message:
+  to its dispatcher when this worker owns the target's key group, else to the exchange in the
+  open transaction. No write-ahead log: the job's checkpoint is a Kafka transaction.
+* **Acknowledgement.** A ``/messages`` request is answered 202 only after the checkpoint whose
+  cut follows its message committed (the message, or its effects, are then in Kafka). A
+  checkpoint that fails, or an epoch dropped before its cut, answers 503 (not accepted: retry).
+  A worker that dies first drops the connection; the client retries, as after any broken
+  connection (the message was not committed, or - past the commit - may be there twice: the
+  single-process ingress after its WAL's fsync is the same).
+* **Replies.** A ``/call``'s caller names this worker process (``_replies.request_prefix``).
+  The job holds each reply until its next cut (``Outputs.hold_replies``); at the cut a reply
+  for another instance becomes a record of the replies topic in the checkpoint's transaction,
+  one for this instance is kept; both are released only after the commit, the latter in
+  memory, the former by the reader of the connection's worker (``read_committed``).
+* **Idempotency keys** are refused (501, one line): they are kept beside one process's WAL,
+  and a retry may reach another worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from statefun._exceptions import UnavailableError, UndeliverableError
+from statefun._http.server import Reply, Request, plain
+from statefun._settings import Settings
+from statefun.cluster._config import ClusterConfig
+from statefun.cluster._replies import (
+    RateLimitedLog,
+    RepliesReader,
+    ReplyRecordError,
+    instance_of,
+    new_instance,
+    reply_row,
+    request_prefix,
+)
+from statefun.egress.kafka import Row
+from statefun.ingress._http_kind import server_options
+from statefun.ingress._idempotency import HEADER_KEY
+from statefun.ingress.http import HttpSource
+from statefun.module._specs import HttpIngressSpec, ModuleSpec
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import FunctionRegistry
+from statefun.sdk._spec import SdkAddress
+
+__all__ = [
+    "ClusteredHttpSource",
+    "EpochHttp",
+    "HttpCut",
+    "HttpJob",
+    "WorkerHttp",
+    "http_ingresses",
+]
+
+log = logging.getLogger(__name__)
+
+_IDEMPOTENCY_REFUSED = (
+    "Idempotency-Key is not supported by a clustered job's HTTP ingress (keys are kept by one "
+    "process, and a retry may reach another worker); send without it"
+)
+
+
+class _HoldsReplies(Protocol):
+    def hold_replies(self, request_checkpoint: Callable[[], None]) -> None: ...
+    def on_undeliverable_call(self, tell: Callable[[str, str], None]) -> None: ...
+
+
+class HttpJob(Protocol):
+    """What the ingress takes from an epoch's job (``runtime/_job.py``)."""
+
+    @property
+    def outputs(self) -> _HoldsReplies: ...
+    def seal_replies(self) -> list[tuple[str, Any]]: ...
+    def send(self, envelope: Envelope) -> None: ...
+    def has_room(self) -> bool: ...
+    async def room(self) -> None: ...
+    def emit_many(
+        self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0
+    ) -> int: ...
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None: ...
+
+
+class RowWriter(Protocol):
+    """The worker's open transaction (``WorkerTransactions``)."""
+
+    def write_rows(self, rows: list[Row]) -> None: ...
+
+
+def http_ingresses(module: ModuleSpec) -> list[HttpIngressSpec]:
+    return [i for i in module.ingresses if isinstance(i, HttpIngressSpec)]
+
+
+class ClusteredHttpSource(HttpSource):
+    """The HTTP ingress's server and routes, without a WAL, refusing idempotency keys."""
+
+    def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
+        if request.state is not None and request.headers.get(HEADER_KEY) is not None:
+            return plain(501, _IDEMPOTENCY_REFUSED)
+        return super().handle(request, body)
+
+
+@dataclass
+class HttpCut:
+    """What one checkpoint's cut took: acknowledgements and this instance's replies, settled
+    when the checkpoint committed or failed."""
+
+    owner: WorkerHttp
+    acks: list[asyncio.Future[None]] = field(default_factory=list)
+    local: list[tuple[str, Any]] = field(default_factory=list)
+
+    def committed(self) -> None:
+        for ack in self.acks:
+            if not ack.done():
+                ack.set_result(None)
+        for request_id, value in self.local:
+            self.owner.complete(request_id, value)
+
+    def aborted(self, error: BaseException) -> None:
+        refusal = UnavailableError(f"not accepted: the worker's checkpoint failed ({error})")
+        for ack in self.acks:
+            if not ack.done():
+                ack.set_exception(refusal)
+
+
+class EpochHttp:
+    """The HTTP ingress's link to one epoch's job and transactions (see the module)."""
+
+    def __init__(self, owner: WorkerHttp, job: HttpJob, transactions: RowWriter) -> None:
+        self._owner = owner
+        self.job = job
+        self._transactions = transactions
+        self._acks: list[asyncio.Future[None]] = []
+        self._held = False
+        #: calls dead-lettered here whose callers wait elsewhere: (request id, reason)
+        self._undeliverable: list[tuple[str, Any]] = []
+        self.attached = True
+        self._detached = asyncio.Event()
+        job.outputs.hold_replies(self._reply_held)
+        job.outputs.on_undeliverable_call(self._undeliverable_call)
+
+    def _reply_held(self) -> None:
+        self._held = True
+
+    def _undeliverable_call(self, request_id: str, reason: str) -> None:
+        self._undeliverable.append((request_id, UndeliverableError(reason)))
+        self._held = True
+
+    def wants_checkpoint(self) -> bool:
+        """Whether requests wait for a commit (a checkpoint should come soon)."""
+        return self._held or bool(self._acks)
+
+    async def submit(self, envelope: Envelope) -> bool:
+        """Send ``envelope`` into the job and wait for the commit that holds it. False: this
+        epoch was detached while waiting for room (send it to the next one)."""
+        job = self.job
+        if not job.has_room():  # until there is room, or the epoch is gone (its job with it)
+            room = asyncio.ensure_future(job.room())
+            gone = asyncio.ensure_future(self._detached.wait())
+            try:
+                await asyncio.wait((room, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                room.cancel()
+                gone.cancel()
+        if not self.attached:
+            return False
+        job.send(envelope)
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.append(ack)
+        await ack
+        return True
+
+    def cut(self, config: ClusterConfig) -> HttpCut:
+        """At the checkpoint's cut (synchronously): take the acknowledgements waiting, write
+        the held replies for other instances into the transaction, keep this instance's."""
+        cut = HttpCut(self._owner, self._acks)
+        self._acks, self._held = [], False
+        rows: list[Row] = []
+        own = self._owner.instance
+        held, self._undeliverable = [*self.job.seal_replies(), *self._undeliverable], []
+        for request_id, value in held:
+            if instance_of(request_id) == own:
+                cut.local.append((request_id, value))
+                continue
+            try:
+                rows.append(reply_row(config, request_id, value))
+            except ReplyRecordError as exc:
+                self._owner.dropped(f"{exc}; dropped")
+        if rows:
+            self._transactions.write_rows(rows)
+        return cut
+
+    def detach(self) -> None:
+        """New requests go to the next epoch; those waiting for room here go there too."""
+        self.attached = False
+        self._detached.set()
+
+    def close(self) -> None:
+        """The epoch is gone: requests no cut took are not accepted."""
+        self.detach()
+        refusal = UnavailableError("not accepted: the worker gave its key groups up; retry")
+        acks, self._acks = self._acks, []
+        for ack in acks:
+            if not ack.done():
+                ack.set_exception(refusal)
+
+
+class _WorkerContext:
+    """The ``IngressContext`` the worker's HTTP sources see: the current epoch's job."""
+
+    def __init__(self, owner: WorkerHttp) -> None:
+        self._owner = owner
+
+    def is_function_type(self, typename: str) -> bool:
+        return self._owner.functions.resolve(typename) is not None
+
+    async def submit(
+        self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None
+    ) -> None:
+        envelope = Envelope(typename, id_, value, caller)
+        while not await (await self._owner.epoch()).submit(envelope):
+            pass
+
+    async def room(self) -> None:
+        await (await self._owner.epoch()).job.room()
+
+    def has_room(self) -> bool:
+        link = self._owner.current
+        return link is not None and link.job.has_room()
+
+    def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
+        link = self._owner.current
+        if link is None:
+            raise UnavailableError("no assignment: the worker is rebalancing")
+        link.job.send(Envelope(typename, id_, value, caller))
+
+    def emit_many(self, typename: str, messages: Sequence[tuple[str, Any]], start: int = 0) -> int:
+        link = self._owner.current
+        return start if link is None else link.job.emit_many(typename, messages, start)
+
+    def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
+        link = self._owner.current
+        if link is not None:
+            link.job.dead_letter_record(fields, value)
+
+
+class WorkerHttp:
+    """A worker's HTTP ingresses and its replies reader (see the module)."""
+
+    def __init__(self, module: ModuleSpec, settings: Settings, config: ClusterConfig) -> None:
+        self.config = config
+        self.instance = new_instance()
+        self.functions = FunctionRegistry(module)
+        #: request id -> the future its /call waits on (shared by the worker's sources)
+        self.replies: dict[str, asyncio.Future[Any]] = {}
+        self.current: EpochHttp | None = None
+        self._attached = asyncio.Event()
+        self._context = _WorkerContext(self)
+        self._limited = RateLimitedLog("HTTP ingress")
+        offset = settings.cluster_port_offset
+        self.sources = [
+            ClusteredHttpSource(
+                spec.id,
+                spec.host,
+                spec.port + offset if spec.port else 0,
+                spec.max_body_bytes,
+                spec.reply_timeout.total_seconds(),
+                spec.max_pending,
+                replies=self.replies,
+                server_options=server_options(settings, spec),
+                unanswered=self._unanswered,
+                request_prefix=request_prefix(self.instance, index),
+            )
+            for index, spec in enumerate(http_ingresses(module))
+        ]
+        self.reader = RepliesReader(config, self.instance, self._from_reader)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.completed = 0
+
+    async def start(self) -> None:
+        """Read the replies topic from its end, then open the ports."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.reader.start)
+        for source in self.sources:
+            await source.start()
+            self._tasks.append(self._loop.create_task(source.run(self._context)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for future in self.replies.values():
+            if not future.done():
+                future.cancel()
+        for source in self.sources:
+            await source.close()
+        await asyncio.to_thread(self.reader.close)
+
+    # -- epochs -------------------------------------------------------------------------------
+
+    def attach(self, job: HttpJob, transactions: RowWriter) -> EpochHttp:
+        """A new epoch's job serves the requests from now on."""
+        self.current = link = EpochHttp(self, job, transactions)
+        self._attached.set()
+        return link
+
+    def detach(self, link: EpochHttp) -> None:
+        """``link``'s epoch stops: new requests wait for the next one."""
+        link.detach()
+        if self.current is link:
+            self.current = None
+            self._attached.clear()
+
+    async def epoch(self) -> EpochHttp:
+        while self.current is None:
+            await self._attached.wait()
+        return self.current
+
+    # -- replies ------------------------------------------------------------------------------
+
+    def _from_reader(self, request_id: str, value: Any) -> None:
+        """On the reader's thread: a committed reply for this instance."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.complete, request_id, value)
+
+    def complete(self, request_id: str, value: Any) -> None:
+        """A committed reply: to its waiting /call, or dropped (logged, rate-limited)."""
+        future = self.replies.pop(request_id, None)
+        if future is None or future.done():
+            self.dropped(f"reply for request {request_id} arrived after its caller left; dropped")
+            return
+        self.completed += 1
+        if isinstance(value, UndeliverableError):  # the call's message is a dead letter: 422
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    def dropped(self, text: str) -> None:
+        self._limited.warn(text)
+
+    def _unanswered(self, _request_id: str, _typename: str) -> str:
+        return (
+            f"its function runs on the worker that owns its key group, which sent no committed "
+            f"reply in time (see that worker's log and dead letters; worker {self.config.worker_id}"
+            " holds this connection)"
+        )
