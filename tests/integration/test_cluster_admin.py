@@ -122,6 +122,10 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(
         assert info["id"] == worker and info["job"] == cluster.job_id
         assert info["admin_url"] == f"http://127.0.0.1:{cluster.ports[worker]}"
         assert len(info["partitions"]) == 4 and len(info["input_partitions"]) == 2
+    for id_ in ("0", "7"):  # a timeline records an address from its first lookup on
+        key_group = key_group_for("cluster/hop", id_, 128)
+        owner = next(w for w, info in workers.items() if key_group in info["key_groups"])
+        assert cluster.get(owner, f"/addresses/cluster/hop/{id_}/timeline")[0] == 200
     cluster.feed(0, MESSAGES)
     seen = read_outputs(cluster.bootstrap, cluster.output, MESSAGES, 90)
     assert sum(seen.values()) == MESSAGES
