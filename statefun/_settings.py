@@ -284,7 +284,7 @@ class Settings:
         metadata=_doc(
             "also keep the job's last this many invocations of every address, so that an "
             "address's first timeline lookup shows its recent past (costs the cheapest "
-            "embedded functions 10-25% of their throughput); 0: only looked-up addresses"
+            "embedded functions 25-35% of their throughput); 0: only looked-up addresses"
         ),
     )
     http_head_timeout_ms: int = field(

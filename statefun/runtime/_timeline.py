@@ -24,8 +24,8 @@ entries at a time, giving the event loop back in between.
 
 Why only looked-up addresses by default: keeping any object of an invocation beyond its end
 costs the cheapest embedded function (7-8 us an invocation) far more than the tuple and the
-append - allocating into and freeing from memory that has gone cold: 9% with a ring of the
-job's last 100 invocations, 25% with 10,000 (``bench/admin_views.py``, BENCHMARKS.md). A
+append - allocating into and freeing from memory that has gone cold: 25-35% of its
+messages per CPU-second with a ring of the job's last 10,000 (BENCHMARKS.md). A
 dispatcher pays one test of an empty dict per invocation while no address is recorded, so
 the timeline stays inside the metrics' 3% budget; the job's ring is there for those who want
 every address's recent past at that price (a remote function's invocation, tens of
