@@ -291,9 +291,9 @@ class Dispatcher:
         return address
 
     def _record(self, key: AddressKey, started: float, envelope: Envelope, context: Any) -> None:
-        """An embedded invocation to the admin port's timeline (``started``: its perf_counter
-        at the start, taken only where the timeline records the address)."""
-        if self._timeline is not None:
+        """An embedded invocation to the admin port's timeline, if it records the address
+        (``started``: its perf_counter at the start)."""
+        if self._timeline is not None and (self._record_every or key in self._recorded):
             self._timeline.record(key, started, envelope, context)
 
     def _dispatch(self, envelope: Envelope, key_group: int) -> int:
