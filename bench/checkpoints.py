@@ -34,6 +34,8 @@ the GC generations or the page cache state of another):
     .venv/bin/python bench/checkpoints.py            # full run, about 5 minutes
     .venv/bin/python bench/checkpoints.py --quick    # a short run, about 2 minutes
     .venv/bin/python bench/checkpoints.py --only 2   # one part (repeatable)
+    .venv/bin/python bench/checkpoints.py --only 1 --admin --set timeline_invocations=0
+        # part 1 with an admin server running, and a runtime setting
     .venv/bin/python bench/checkpoints.py --smoke    # does it still run? (about 40 s)
 
 Progress goes to stderr; Markdown tables and the ratios to stdout.

@@ -182,7 +182,7 @@ class WorkerAdmin:
         if current is None:
             return plain(503, "the worker's key groups are being reassigned; try again", _RETRY)
         if request.path == "/metrics" and self._metrics is not None:
-            return Reply(200, CONTENT_TYPE, self._metrics.exposition(), _NO_STORE)
+            return Reply(200, _METRICS_TYPE, self._metrics.exposition(), _NO_STORE)
         address = address_of(request.path)
         if address is not None:
             key_group = key_group_for(*address, self.config.max_parallelism)
@@ -225,7 +225,7 @@ _NO_STORE = (("Cache-Control", "no-store"),)
 #: what /status shows between two assignments: the counters, carried
 _COUNTED = ("invocations", "dead_letters", "functions", "ingresses", "egresses", "endpoints")
 #: the content type of /metrics (Prometheus's text format 0.0.4)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _cumulative_metrics() -> CumulativeMetrics:
