@@ -31,7 +31,7 @@ the timeline stays inside the metrics' 3% budget; the job's ring is there for th
 every address's recent past at that price (a remote function's invocation, tens of
 microseconds, hardly notices it).
 
-Memory: an entry holds its invocation's objects (about 1.3 KB for a counter with small
+Memory: an entry holds its invocation's objects (about 2 KB for an invocation with small
 messages, ``bench/admin_views.py`` measures it) and the payloads themselves - no preview is
 cut when recording (a slice is a copy and a size check per value). At most
 ``timeline_addresses`` x ``timeline_invocations`` + ``timeline_entries`` entries; where
