@@ -11,14 +11,17 @@ Three parts:
    shared machine a wall-clock gap also holds other processes' time slices): the longest
    stall a listing causes. Goal: at most 1 ms. Also the time of one ``lookup`` (a read and
    the decoding of its values).
-2. **The timeline's memory and cost**: ``Timeline`` rings full (``timeline_invocations`` 50
-   entries for ``timeline_addresses`` 1,000 addresses) of invocations with one message in,
-   two state writes, one message out and one egress record; bytes held (tracemalloc) and
-   the time of one ``record`` call.
-3. **Throughput with the timeline on and off**: ``bench/checkpoints.py``'s embedded counter
-   (part 1 there: 10,000 keys, checkpoints every second, memory backend) with
-   ``timeline_invocations`` 50 (the default) against 0, in interleaved pairs, each run in a
-   fresh process; the admin server runs in both (the timeline is kept only while it does).
+2. **The timeline's memory and cost**: the job's ring (``timeline_entries`` 10,000) full of
+   invocations of 1,000 addresses, each with its own objects as a job makes them (one message
+   in, two state writes, one message out, one egress record): the bytes they hold
+   (tracemalloc; the ring's own part apart), the time of one ``record`` call, and the longest
+   time a lookup that scans the ring holds the event loop (median of 5).
+3. **Throughput with the timeline off, as by default, and recording every invocation**:
+   ``bench/checkpoints.py``'s embedded counter (part 1 there: 10,000 keys, checkpoints every
+   second, memory backend) with ``timeline_invocations=0``, the defaults (no address looked
+   up) and ``timeline_entries=10000``, in rounds that alternate the order, each run in a
+   fresh process; the admin server runs in all (the timeline is kept only while it does).
+   Messages per CPU-second, pairwise medians against the timeline off.
 
     .venv/bin/python bench/admin_views.py            # full run, about 4 minutes
     .venv/bin/python bench/admin_views.py --smoke    # does it still run? (about 20 s)
@@ -51,12 +54,20 @@ from statefun._settings import Settings  # noqa: E402
 from statefun.runtime._envelope import Envelope  # noqa: E402
 from statefun.runtime._state_view import StateView, StateViewJob  # noqa: E402
 from statefun.runtime._timeline import Timeline  # noqa: E402
-from statefun.sdk import IntType, StringType, make_json_type  # noqa: E402
-from statefun.sdk._messages import Message  # noqa: E402
+from statefun.sdk import (  # noqa: E402
+    IntType,
+    StringType,
+    ValueSpec,
+    egress_message_builder,
+    make_json_type,
+    message_builder,
+)
+from statefun.sdk._context import InvocationContext  # noqa: E402
 from statefun.sdk._spec import SdkAddress  # noqa: E402
-from statefun.sdk._types import TypedValue, to_typed_value  # noqa: E402
+from statefun.sdk._storage import make_storage_class  # noqa: E402
+from statefun.sdk._types import to_typed_value  # noqa: E402
 from statefun.state._registry import create_backend  # noqa: E402
-from statefun.state.base import StateBackend  # noqa: E402
+from statefun.state.base import AddressKey, StateBackend  # noqa: E402
 
 DENSE, SPARSE = "bench/cart", "bench/rare"
 JSON = make_json_type("bench/items")
@@ -155,61 +166,83 @@ async def _listing(backend_name: str, addresses: int, pages: int) -> dict[str, A
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _timeline(per_address: int, addresses: int) -> dict[str, Any]:
+CART = make_storage_class("bench/cart", [ValueSpec("count", IntType), ValueSpec("items", JSON)])
+
+
+def _invocation(n: int) -> tuple[AddressKey, Envelope, InvocationContext]:
+    """What one invocation of ``bench/cart`` leaves behind, its own objects (as a job makes
+    them): one message in, two state writes, one message out, one egress record."""
+    id_ = f"user-{n % 1000}"
     caller = SdkAddress("bench", "source", "s", "bench/source")
-    values = {"count": to_typed_value(IntType, 3), "items": to_typed_value(JSON, {"a": 1})}
-    out = [Message("bench/audit", "x", to_typed_value(StringType, "an item"))]
-    egress = [("bench/out", [TypedValue("bench/record", b"x" * 40)])]
-    keys = [("bench/cart", f"user-{n}") for n in range(addresses)]
-    envelopes = [
-        [Envelope(k[0], k[1], to_typed_value(StringType, "apple pear fig"), caller)] for k in keys
-    ]
+    envelope = Envelope(DENSE, id_, to_typed_value(StringType, "apple pear fig"), caller)
+    context = InvocationContext(SdkAddress("bench", "cart", id_, DENSE), CART(DENSE, {}))
+    context.storage.count = n
+    context.storage.items = {"apple": 1, "pear": n % 7}
+    context.send(message_builder("bench/audit", id_, str_value="an item"))
+    context.send_egress(egress_message_builder("bench/out", n, IntType))
+    return (DENSE, id_), envelope, context
+
+
+async def _timeline(entries: int, addresses: int, per_address: int) -> dict[str, Any]:
+    """Memory per entry (the job's ring full of invocations of 1,000 addresses), the time of
+    one ``record``, and of a lookup that scans the ring (its longest hold of the loop)."""
+    made = [_invocation(n) for n in range(entries)]  # (made first: the job makes them anyway)
+    timeline = Timeline(per_address, addresses, entries)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    timeline = Timeline(per_address, addresses)
-    for _ in range(per_address):
-        for key, batch in zip(keys, envelopes, strict=True):
-            timeline.record(
-                key,
-                batch,
-                time.perf_counter(),
-                state=values,
-                written=("count", "items"),
-                messages=out,
-                egress=egress,
-            )
-    held = tracemalloc.get_traced_memory()[0] - before
+    for key, envelope, context in made:
+        timeline.record(key, 1.0, envelope, context)
+    ring_bytes = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
+    # what the entries keep alive: the invocations' own objects, once nothing else holds them
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    made = [_invocation(n) for n in range(entries)]
+    made_bytes = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    timeline = Timeline(per_address, addresses, entries)
+    for key, envelope, context in made:
+        timeline.record(key, 1.0, envelope, context)
+    del made
     calls = 20_000
+    key, envelope, context = _invocation(1)
     started = time.perf_counter()
-    for n in range(calls):
-        key = keys[n % addresses]
-        timeline.record(
-            key,
-            envelopes[n % addresses],
-            started,
-            state=values,
-            written=("count", "items"),
-            messages=out,
-            egress=egress,
-        )
+    for _ in range(calls):
+        timeline.record(key, started, envelope, context)
     record_us = (time.perf_counter() - started) / calls * 1e6
-    entries = per_address * addresses
+    for n in range(entries):  # the ring again: invocations of 1,000 addresses
+        key, envelope, context = _invocation(n)
+        timeline.record(key, 1.0, envelope, context)
+    lookups: list[float] = []
+    for _ in range(REPEATS):
+        found, longest = await _longest_wait(timeline.entries_async((DENSE, "user-7")))
+        expect(len(found) == min(per_address, entries // 1000), f"{len(found)} entries found")
+        lookups.append(longest)
     return {
         "entries": entries,
-        "mib": held / 2**20,
-        "per_entry": held / entries,
+        "ring_per_entry": ring_bytes / entries,
+        "per_entry": (ring_bytes + made_bytes) / entries,
+        "mib": (ring_bytes + made_bytes) / 2**20,
         "record_us": record_us,
+        "lookup_ms": statistics.median(lookups) * 1000,
     }
+
+
+#: part 3's settings: the timeline off, as by default (nothing looked up), every invocation
+VARIANTS = (
+    ("timeline_invocations=0", {"timeline_invocations": "0"}),
+    ("default", {}),
+    ("timeline_entries=10000", {"timeline_entries": "10000"}),
+)
 
 
 def _throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for pair in range(args.pairs):
-        for timeline in (0, Settings.timeline_invocations) if pair % 2 == 0 else (50, 0):
+        for name, overrides in VARIANTS if pair % 2 == 0 else VARIANTS[::-1]:
             tmp = Path(tempfile.mkdtemp(prefix="statefun-bench-views-tp-"))
             try:
-                progress(f"  pair {pair + 1}, timeline_invocations={timeline}")
+                progress(f"  round {pair + 1}, {name}")
                 result = run_child(
                     {
                         "kind": "throughput",
@@ -219,15 +252,15 @@ def _throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "keys": THROUGHPUT_KEYS,
                         "warmup": args.warmup,
                         "seconds": args.seconds,
-                        "interval_ms": 1000,
-                        "timeline": timeline,
-                        # the timeline is kept only while the admin server runs: on in both
+                        "interval_ms": 200 if args.smoke else 1000,
+                        # the timeline is kept only while the admin server runs: on in all
                         "admin_port": free_port(),
+                        "settings": overrides,
                     }
                 )
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            result.update(pair=pair + 1, timeline=timeline)
+            result.update(pair=pair + 1, variant=name)
             rows.append(result)
     return rows
 
@@ -248,7 +281,13 @@ def main() -> int:
     progress(f"1. listing ids and lookups, {args.addresses:,} addresses")
     listing = [asyncio.run(_listing(b, args.addresses, pages)) for b in args.backends]
     progress("2. the timeline's memory")
-    ring = _timeline(Settings.timeline_invocations, Settings.timeline_addresses)
+    ring = asyncio.run(
+        _timeline(
+            2_000 if args.smoke else 10_000,
+            Settings.timeline_addresses,
+            Settings.timeline_invocations,
+        )
+    )
     progress("3. throughput with the timeline off and on")
     throughput = _throughput(args)
 
@@ -265,26 +304,36 @@ def main() -> int:
             f"| {r['backend']} | {r['page_ms']:.1f} ms | {r['stall_ms']:.3f} ms "
             f"| {r['first_page_ms']:.3f} ms | {r['sparse_ms']:.3f} ms | {r['lookup_us']:.1f} µs |"
         )
-    print("\n### 2. Timeline memory (rings full)\n")
-    print("| entries | held | per entry | one record() |")
-    print("|---:|---:|---:|---:|")
+    print("\n### 2. Timeline: the job's ring full (timeline_entries), 1,000 addresses\n")
+    print("| entries | held | per entry | of it, the ring | one record() | lookup: longest hold |")
+    print("|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {ring['entries']:,} | {ring['mib']:.1f} MiB | {ring['per_entry']:.0f} B "
-        f"| {ring['record_us']:.2f} µs |"
+        f"| {ring['entries']:,} | {ring['mib']:.1f} MiB | {ring['per_entry']:,.0f} B "
+        f"| {ring['ring_per_entry']:.0f} B | {ring['record_us']:.2f} µs "
+        f"| {ring['lookup_ms']:.2f} ms |"
     )
-    print("\n### 3. Embedded counter throughput, timeline off and on (memory, checkpoints 1 s)\n")
-    print("| pair | timeline_invocations | messages/s | messages/CPU-s |")
-    print("|---:|---:|---:|---:|")
+    print("\n### 3. Embedded counter, admin server on (memory backend, checkpoints every 1 s)\n")
+    print("| round | settings | messages/s | messages/CPU-s |")
+    print("|---:|---|---:|---:|")
     for r in throughput:
         print(
-            f"| {r['pair']} | {r['timeline']} | {r['messages_per_s']:,.0f} "
+            f"| {r['pair']} | {r['variant']} | {r['messages_per_s']:,.0f} "
             f"| {r['messages_per_cpu_s']:,.0f} |"
         )
-    off = [r["messages_per_s"] for r in throughput if r["timeline"] == 0]
-    on = [r["messages_per_s"] for r in throughput if r["timeline"] != 0]
-    if off and on:
-        ratio = (sum(on) / len(on)) / (sum(off) / len(off))
-        print(f"\nmean on/off: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%)")
+    off = [r for r in throughput if r["variant"] == VARIANTS[0][0]]
+    for name, _ in VARIANTS[1:]:
+        ratios = [
+            r["messages_per_cpu_s"] / o["messages_per_cpu_s"] - 1
+            for r in throughput
+            if r["variant"] == name
+            for o in off
+            if o["pair"] == r["pair"]
+        ]
+        if ratios:
+            print(
+                f"\n{name} against the timeline off, messages per CPU-second, pairwise median: "
+                f"{statistics.median(ratios) * 100:+.1f}%"
+            )
     return 0
 
 

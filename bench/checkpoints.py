@@ -34,6 +34,8 @@ the GC generations or the page cache state of another):
     .venv/bin/python bench/checkpoints.py            # full run, about 5 minutes
     .venv/bin/python bench/checkpoints.py --quick    # a short run, about 2 minutes
     .venv/bin/python bench/checkpoints.py --only 2   # one part (repeatable)
+    .venv/bin/python bench/checkpoints.py --only 1 --admin --set timeline_invocations=0
+        # part 1 with an admin server running, and a runtime setting
     .venv/bin/python bench/checkpoints.py --smoke    # does it still run? (about 40 s)
 
 Progress goes to stderr; Markdown tables and the ratios to stdout.
@@ -61,7 +63,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -190,15 +192,20 @@ def make_job(
     interval_ms: int = 1000,
     timeline: int = Settings.timeline_invocations,
     admin_port: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> Job:
-    settings = Settings(
-        state_backend=cast(Any, backend),
-        state_dir=str(tmp / "state"),
-        checkpoint_dir=str(tmp / "checkpoints") if checkpoints else "",
-        checkpoint_interval_ms=interval_ms,
-        dead_letter_path=str(tmp / "dead-letters.jsonl"),
-        timeline_invocations=timeline,
-        admin_port=admin_port,
+    settings = Settings.load(
+        {
+            "state_backend": backend,
+            "state_dir": str(tmp / "state"),
+            "checkpoint_dir": str(tmp / "checkpoints") if checkpoints else "",
+            "checkpoint_interval_ms": str(interval_ms),
+            "dead_letter_path": str(tmp / "dead-letters.jsonl"),
+            "timeline_invocations": str(timeline),
+            "admin_port": str(admin_port),
+            **(overrides or {}),
+        },
+        environ={},
     )
     endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", None), FUNCTIONS)
     return Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[source], sinks=[sink])
@@ -267,6 +274,7 @@ async def child_throughput(spec: dict[str, Any]) -> dict[str, Any]:
         spec.get("interval_ms", 1000),
         spec.get("timeline", Settings.timeline_invocations),
         spec.get("admin_port", 0),
+        spec.get("settings"),
     )
     label = f"{spec['backend']}, checkpoints {'on' if spec['checkpoints'] else 'off'}"
     cuts: dict[int, float] = {}
@@ -683,6 +691,8 @@ def part_throughput(args: argparse.Namespace, report: Report) -> None:
                         "warmup": args.warmup,
                         "seconds": args.seconds,
                         "interval_ms": args.interval_ms,
+                        "admin_port": free_port() if args.admin else 0,
+                        "settings": _settings_overrides(args.set),
                     }
                     progress(
                         f"  {backend}, checkpoints {'on' if on else 'off'}, round {round_ + 1}"
@@ -918,7 +928,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="part 2: a runtime setting, as with statefun run --set",
+        help="parts 1 and 2: a runtime setting, as with statefun run --set",
     )
     parser.add_argument(
         "--keys", type=int, nargs="+", default=[1000, 1], help="part 2: keys (default 1000 1)"
@@ -929,6 +939,12 @@ def main() -> int:
         choices=["immediate", "on-checkpoint"],
         default=["immediate", "on-checkpoint"],
         help="part 2: reply_release values (default both)",
+    )
+    parser.add_argument(
+        "--admin",
+        action="store_true",
+        help="part 1: run the admin server (its metrics and, unless timeline_invocations=0, "
+        "the timeline)",
     )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -269,12 +269,23 @@ class Settings:
         default=50,
         metadata=_doc(
             "invocations kept per address for GET /addresses/<ns>/<type>/<id>/timeline on the "
-            "admin port (kept only while admin_port is set); 0: no timeline is kept"
+            "admin port, recorded from the address's first lookup on (kept only while "
+            "admin_port is set); 0: no timeline is kept"
         ),
     )
     timeline_addresses: int = field(
-        default=1_000,
-        metadata=_doc("recently invoked addresses whose timeline is kept (the least recent go)"),
+        default=100,
+        metadata=_doc(
+            "addresses recorded for the timeline at once (the least recently looked up go)"
+        ),
+    )
+    timeline_entries: int = field(
+        default=0,
+        metadata=_doc(
+            "also keep the job's last this many invocations of every address, so that an "
+            "address's first timeline lookup shows its recent past (costs the cheapest "
+            "embedded functions 25-35% of their throughput); 0: only looked-up addresses"
+        ),
     )
     http_head_timeout_ms: int = field(
         default=10_000,
@@ -472,7 +483,13 @@ class Settings:
         if self.timeline_invocations < 0:
             raise ConfigurationError("timeline_invocations must be at least 0")
         if self.timeline_addresses < 1:
-            raise ConfigurationError("timeline_addresses must be at least 1")
+            raise ConfigurationError(
+                f"timeline_addresses must be at least 1, got {self.timeline_addresses}"
+            )
+        if self.timeline_entries < 0:
+            raise ConfigurationError(
+                f"timeline_entries must be at least 0, got {self.timeline_entries}"
+            )
         for name, allowed in (
             ("reply_release", ("on-checkpoint", "immediate")),
             ("restart_strategy", ("none", "fixed-delay", "exponential", "failure-rate")),

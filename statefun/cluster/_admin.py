@@ -4,8 +4,11 @@ A worker of a clustered job runs a new ``Job`` per assignment (``_worker.py``), 
 port stays open from start to stop: ``WorkerAdmin`` is the built-in HTTP server's application
 and hands each request to an ``AdminServer`` (``runtime/_admin.py``, never started itself) built
 for the job of the current assignment (``serve``); between two assignments (``pause``) only
-``/status`` answers, the rest is 503 with ``Retry-After``. So ``/metrics`` counts from the start
-of the current assignment (Prometheus sees a counter reset at a rebalance).
+``/status`` answers, the rest is 503 with ``Retry-After``. The counters of ``/metrics`` and
+``/status`` count from the worker's start: at each new assignment the totals of the job before
+(read then, after it stopped) are carried (``CumulativeMetrics``, ``CumulativeStatus``) and
+added to the new job's, so no counter goes backwards at a rebalance; gauges are the current
+job's.
 
 * ``GET /status``: the job's status plus ``worker``: its id, the job, the group generation,
   the exchange partitions and key groups it owns, its input partitions, and ``rebalancing``.
@@ -34,9 +37,11 @@ from statefun.cluster._config import ClusterConfig
 from statefun.cluster._status import Ownership, group_ownership
 from statefun.runtime._admin import AdminJob, AdminServer, listen, same_origin
 from statefun.runtime._state_view import split_address
+from statefun.runtime._status import CumulativeStatus
 
 if TYPE_CHECKING:
     from statefun._settings import Settings
+    from statefun.runtime._metrics import CumulativeMetrics
 
 __all__ = ["WorkerAdmin", "address_of"]
 
@@ -84,6 +89,10 @@ class WorkerAdmin:
         self._options = ServerOptions.from_settings(settings, token=settings.admin_token or None)
         self._server: HttpServer | None = None
         self._current: AdminServer | None = None
+        #: the job of the assignment before (revoked): its counters, carried at the next
+        self._previous: AdminServer | None = None
+        self._status = CumulativeStatus()
+        self._metrics = _cumulative_metrics() if settings.metrics else None
         self._key_groups: frozenset[int] = frozenset()
         self._partitions: list[int] = []
         self._inputs: list[tuple[str, int]] = []
@@ -104,8 +113,15 @@ class WorkerAdmin:
     def serve(
         self, job: AdminJob, partitions: list[int], inputs: list[tuple[str, int]], generation: int
     ) -> None:
-        """The job of a new assignment answers from now on."""
+        """The job of a new assignment answers from now on (the counters of the one before
+        are carried)."""
+        previous = self._current or self._previous
+        if previous is not None:
+            self._status.fold(previous.status())
+        self._previous = None
         self._current = AdminServer(job, self.port, self.host)
+        if self._metrics is not None:
+            self._metrics.serve(job)
         self._partitions = sorted(partitions)
         self._key_groups = frozenset(kg for p in partitions for kg in self.config.key_groups_of(p))
         self._inputs = sorted(inputs)
@@ -114,6 +130,7 @@ class WorkerAdmin:
 
     def pause(self) -> None:
         """The assignment is revoked: no job answers until the next one."""
+        self._previous = self._current or self._previous
         self._current = None
         self._partitions, self._key_groups, self._inputs = [], frozenset(), []
         self._read = None
@@ -157,10 +174,15 @@ class WorkerAdmin:
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
         current = self._current
         if request.path == "/status":
-            status = current.status() if current is not None else {}
+            shown = current or self._previous
+            status = self._status.added(shown.status() if shown is not None else {})
+            if current is None:  # between assignments: the counters only
+                status = {k: v for k, v in status.items() if k in _COUNTED}
             return _json(200, {**status, "worker": self.worker_status()}, _NO_STORE)
         if current is None:
             return plain(503, "the worker's key groups are being reassigned; try again", _RETRY)
+        if request.path == "/metrics" and self._metrics is not None:
+            return Reply(200, _METRICS_TYPE, self._metrics.exposition(), _NO_STORE)
         address = address_of(request.path)
         if address is not None:
             key_group = key_group_for(*address, self.config.max_parallelism)
@@ -200,3 +222,13 @@ class WorkerAdmin:
 
 
 _NO_STORE = (("Cache-Control", "no-store"),)
+#: what /status shows between two assignments: the counters, carried
+_COUNTED = ("invocations", "dead_letters", "functions", "ingresses", "egresses", "endpoints")
+#: the content type of /metrics (Prometheus's text format 0.0.4)
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _cumulative_metrics() -> CumulativeMetrics:
+    from statefun.runtime._metrics import CumulativeMetrics  # (prometheus_client: when on)
+
+    return CumulativeMetrics()

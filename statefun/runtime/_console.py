@@ -99,6 +99,8 @@ class AdminViews:
             return _json(make_plan(self.job.module, self.job.settings).to_json())
         if path.startswith("/state/"):
             return self.state.handle(path[len("/state/") :].split("/"), request.query)
-        segments = path[len("/addresses/") : -len("/timeline")].split("/")
-        status, answer = self.timeline.handle(segments)
+        return self._timeline(path[len("/addresses/") : -len("/timeline")].split("/"))
+
+    async def _timeline(self, segments: list[str]) -> Reply:
+        status, answer = await self.timeline.handle(segments)
         return _json(answer) if status == 200 else plain(status, answer)

@@ -23,7 +23,8 @@ has its next batch waiting, that step writes the next request (with the new stat
 other outputs go out (``_Held``): the function server starts on it sooner, and nothing is
 waited for in between, so a checkpoint cut sees all of a batch's results or none.
 Where results are applied (and where an invocation fails) each invocation goes to the job's
-timeline (``_timeline.py``) when it keeps one: a few references, nothing formatted.
+timeline (``_timeline.py``) when it records the address (looked up on the admin port): one
+tuple of references.
 
 The job is seen through ``DispatcherJob`` (below). The module stays whole (about 800 lines):
 intake, mailboxes, the embedded and the remote invocation and applying their results share
@@ -38,7 +39,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,8 @@ __all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue"]
 log = logging.getLogger(__name__)
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
+#: the addresses recorded without a timeline: none
+_NONE: frozenset[AddressKey] = frozenset()
 _MAX_SPEC_ROUNDS = 3
 
 
@@ -196,8 +199,13 @@ class Dispatcher:
         self.waiting_for_slot = 0
         #: synchronous embedded invocations: one in (this + 1) is timed (-1, metrics off: none)
         self._sample_mask = FunctionStats.EMBEDDED_SAMPLE - 1 if job.settings.metrics else -1
-        #: where invocations are recorded for the admin port's timeline (None: nowhere)
+        #: the admin port's timeline (None: off): the addresses it records (those looked up;
+        #: empty: none, one test per invocation) or every address
         self._timeline = job.timeline
+        self._recorded: Container[AddressKey] = (
+            _NONE if job.timeline is None else job.timeline.recorded
+        )
+        self._record_every = job.timeline is not None and job.timeline.every
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -282,6 +290,12 @@ class Dispatcher:
             address = self._addresses[key] = SdkAddress(namespace, name, id_, typename)
         return address
 
+    def _record(self, key: AddressKey, started: float, envelope: Envelope, context: Any) -> None:
+        """An embedded invocation to the admin port's timeline, if it records the address
+        (``started``: its perf_counter at the start)."""
+        if self._timeline is not None and (self._record_every or key in self._recorded):
+            self._timeline.record(key, started, envelope, context)
+
     def _dispatch(self, envelope: Envelope, key_group: int) -> int:
         """Handle one message; return how many messages finished (0 if it now waits)."""
         key = (envelope.typename, envelope.id)
@@ -350,7 +364,7 @@ class Dispatcher:
         """The function raised: nothing of the invocation is applied; the policy decides (a
         value that fails its own type is the sender's error: a dead letter)."""
         if self._timeline is not None:
-            self._timeline.record((envelope.typename, envelope.id), envelope, started, error=exc)
+            self._timeline.failed((envelope.typename, envelope.id), envelope, started, exc)
         kind = MessageValueError if isinstance(exc, InvalidValueError) else TerminalFunctionError
         function.stats.failures_terminal += 1
         self.job.on_failure(
@@ -389,20 +403,9 @@ class Dispatcher:
                 new = _with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
-        if self._timeline is not None:
-            egress = [(r.typename, [r.typed_value]) for r in context.egress]
-            self._timeline.record(
-                key,
-                envelope,
-                started,
-                values,
-                dirty,
-                context.messages or (),
-                context.delayed or (),
-                egress,
-            )
-            self._emit(key, context._address, context.messages, context.delayed, egress)
-        elif context.messages or context.delayed:
+        if started:  # the admin port's timeline records this address: references only
+            self._record(key, started, envelope, context)
+        if context.messages or context.delayed:
             egress = [(r.typename, [r.typed_value]) for r in context.egress]
             self._emit(key, context._address, context.messages, context.delayed, egress)
         else:  # only egress records, or nothing: the common case, without _emit's loops
@@ -413,7 +416,8 @@ class Dispatcher:
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
     ) -> None:
         """A synchronous embedded function: the hot path, called from the inbox loop."""
-        started = perf_counter() if self._timeline is not None else 0.0
+        recorded = self._recorded  # the admin port's timeline: the addresses looked up
+        started = perf_counter() if self._record_every or (recorded and key in recorded) else 0.0
         values, context, now = self._prepare_embedded(function, envelope, key, key_group)
         began = 0.0 if function.stats.invocations & self._sample_mask else perf_counter()
         try:
@@ -489,14 +493,14 @@ class Dispatcher:
                     else:
                         function.stats.failures_terminal += len(batch)
                     if self._timeline is not None:
-                        self._timeline.record(key, batch, perf_counter(), error=exc)
+                        self._timeline.failed(key, batch, perf_counter(), exc)
                     again = job.on_failure(function.typename, batch, exc)
                     self._put_back(key, again)
                     release(len(batch) - len(again))
                 except MalformedResponseError as exc:  # garbage from the function: terminal
                     function.stats.failures_terminal += len(batch)
                     if self._timeline is not None:
-                        self._timeline.record(key, batch, perf_counter(), error=exc)
+                        self._timeline.failed(key, batch, perf_counter(), exc)
                     again = job.on_failure(
                         function.typename, batch, TerminalFunctionError(str(exc))
                     )
@@ -648,9 +652,7 @@ class Dispatcher:
                 function, key, key_group, values, response.invocation_result, now
             )
             if self._timeline is not None:
-                result = response.invocation_result
-                written = [m.state_name for m in result.state_mutations]
-                self._timeline.record(key, batch, started, values, written, result=result)
+                self._timeline.remote(key, batch, started, values, response.invocation_result)
             function.stats.invocations += len(batch)
             return outputs
         raise TerminalFunctionError(

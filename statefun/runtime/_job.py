@@ -113,10 +113,14 @@ class Job:
         #: the wall clock (ms since the epoch) of delayed messages and state TTL
         self.clock = clock
         self.timers = TimerService(self._fire_delayed, clock)
-        #: the last invocations of recently invoked addresses, kept while the admin server
-        #: (which shows them) runs; None: not kept
+        #: the last invocations of the addresses looked up on the admin port, kept while the
+        #: admin server (which shows them) runs; None: not kept
         self.timeline: Timeline | None = (
-            Timeline(self.settings.timeline_invocations, self.settings.timeline_addresses)
+            Timeline(
+                self.settings.timeline_invocations,
+                self.settings.timeline_addresses,
+                self.settings.timeline_entries,
+            )
             if self.settings.timeline_invocations and self.settings.admin_port
             else None
         )

@@ -28,13 +28,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from statefun.runtime._status import ObservedJob, function_stats, mailboxes
 
 if TYPE_CHECKING:
     from statefun.runtime._stats import Histogram
 
-__all__ = ["CONTENT_TYPE", "JobCollector", "JobMetrics"]
+__all__ = ["CONTENT_TYPE", "CumulativeMetrics", "JobCollector", "JobMetrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _P = "pystatefun_"
@@ -247,3 +248,84 @@ class JobMetrics:
     def exposition(self) -> bytes:
         """Every metric in Prometheus's text format (version 0.0.4)."""
         return generate_latest(self.registry)
+
+
+#: metric types whose samples add up across jobs (gauges are the current job's alone)
+_SUMMED = ("counter", "histogram")
+
+
+def _sample_key(sample: Sample) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return sample.name, tuple(sorted(sample.labels.items()))
+
+
+class CumulativeMetrics:
+    """``/metrics`` of a process that runs one job after another (a cluster worker runs a new
+    job per assignment): each counter and histogram is the current job's plus those of the
+    jobs before it in this process, so none goes backwards at a rebalance (Prometheus would
+    read a reset). Gauges are the current job's; the process collector is the process's."""
+
+    def __init__(self) -> None:
+        #: family name -> the finished jobs' totals (the samples summed per name and labels)
+        self._carried: dict[str, Metric] = {}
+        self._job: JobCollector | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_CarriedCollector(self))
+        ProcessCollector(registry=self.registry)
+
+    def serve(self, job: ObservedJob | None) -> None:
+        """Count ``job`` from now on (None: none until the next); the totals of the job
+        before, read now, are carried (its counts after this are not)."""
+        if self._job is not None:
+            self._fold(self._job.collect())
+        self._job = None if job is None else JobCollector(job)
+
+    def _fold(self, families: Iterable[Metric]) -> None:
+        for family in families:
+            if family.type not in _SUMMED:
+                continue
+            carried = self._carried.get(family.name)
+            if carried is None:
+                carried = self._carried[family.name] = Metric(
+                    family.name, family.documentation, family.type
+                )
+            totals = {_sample_key(s): s for s in carried.samples}
+            for sample in family.samples:
+                key = _sample_key(sample)
+                before = totals.get(key)
+                totals[key] = (
+                    sample if before is None else before._replace(value=before.value + sample.value)
+                )
+            carried.samples = list(totals.values())
+
+    def collect(self) -> Iterator[Metric]:
+        """The current job's families with the carried totals added, then the families only
+        earlier jobs had."""
+        shown: set[str] = set()
+        for family in self._job.collect() if self._job is not None else ():
+            carried = self._carried.get(family.name)
+            if carried is not None and family.type in _SUMMED:
+                base = {_sample_key(s): s for s in carried.samples}
+                samples = []
+                for sample in family.samples:
+                    before = base.pop(_sample_key(sample), None)
+                    if before is not None:
+                        sample = sample._replace(value=sample.value + before.value)
+                    samples.append(sample)
+                family.samples = samples + list(base.values())  # label sets it lacks
+                shown.add(family.name)
+            yield family
+        for name, carried in self._carried.items():
+            if name not in shown:
+                yield carried
+
+    def exposition(self) -> bytes:
+        """Every metric in Prometheus's text format (version 0.0.4)."""
+        return generate_latest(self.registry)
+
+
+class _CarriedCollector(Collector):
+    def __init__(self, metrics: CumulativeMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.collect()

@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from statefun.runtime._stats import FunctionStats, IngressStats, LoopLag
     from statefun.runtime._timers import TimerService
 
-__all__ = ["ObservedJob", "ObservedSubtask", "function_stats", "mailboxes", "status_details"]
+__all__ = [
+    "CumulativeStatus",
+    "ObservedJob",
+    "ObservedSubtask",
+    "function_stats",
+    "mailboxes",
+    "status_details",
+]
 
 
 class ObservedSubtask(Protocol):
@@ -126,3 +133,62 @@ def status_details(job: ObservedJob) -> dict[str, Any]:
         "checkpoint_history": [] if checkpoints is None else list(checkpoints.history),
         "dead_letters": job.dead_letters,
     }
+
+
+#: The counters of ``GET /status`` (the rest are gauges, text or history): a name maps to True
+#: (a counter) or to the counters under it, ``"*"`` standing for any key.
+_COUNTERS: dict[str, Any] = {
+    "invocations": True,
+    "dead_letters": True,
+    "checkpoints": {"completed": True},
+    "functions": {
+        "*": {n: True for n in ("invocations", "messages_in", "messages_out", "failures")}
+    },
+    "ingresses": {"*": {"records": True, "blocked_seconds": True}},
+    "egresses": {"*": {"records": True}},
+    "endpoints": {"*": {"calls": True, "errors": True, "retries": True}},
+}
+
+
+class CumulativeStatus:
+    """The counters of ``GET /status`` across the jobs one process runs in turn (a cluster
+    worker's, one per assignment): each the current job's plus the finished jobs' totals, as
+    ``CumulativeMetrics`` does for ``/metrics``."""
+
+    def __init__(self) -> None:
+        self._carried: dict[str, Any] = {}
+
+    def fold(self, status: Mapping[str, Any]) -> None:
+        """Carry the counters of a job's last ``status``."""
+        self._carried = _added(self._carried, status, _COUNTERS, keep_other=False)
+
+    def added(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """``status`` with the carried totals added to its counters."""
+        return _added(status, self._carried, _COUNTERS, keep_other=True)
+
+
+def _added(
+    status: Mapping[str, Any],
+    carried: Mapping[str, Any],
+    pattern: Mapping[str, Any],
+    keep_other: bool,
+) -> dict[str, Any]:
+    """The counters of ``status`` plus those of ``carried`` (both shaped as /status) where
+    ``pattern`` names them; the other entries of ``status`` as they are (``keep_other``)."""
+    out: dict[str, Any] = {}
+    for name in [*status, *(name for name in carried if name not in status)]:
+        rule = pattern.get(name, pattern.get("*"))
+        value, base = status.get(name), carried.get(name)
+        if rule is True:
+            if isinstance(value, (int, float)) or isinstance(base, (int, float)):
+                out[name] = (value or 0) + (base or 0)
+        elif isinstance(rule, dict) and (isinstance(value, Mapping) or isinstance(base, Mapping)):
+            out[name] = _added(
+                value if isinstance(value, Mapping) else {},
+                base if isinstance(base, Mapping) else {},
+                rule,
+                keep_other,
+            )
+        elif keep_other and name in status:
+            out[name] = value
+    return out

@@ -25,6 +25,12 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminJob]:
     with admin_job(tmp_path_factory.mktemp("admin-views")) as running:
+        # an address's timeline is recorded from its first lookup on
+        for address in ("shop/cart/dave", "shop/audit/dave"):
+            status, timeline, _ = _get(running, f"/addresses/{address}/timeline")
+            assert status == 200 and timeline["invocations"] == [], timeline
+            assert timeline["recorded_since_ms"] <= time.time() * 1000
+            assert timeline["every_invocation"] is False
         for item in ("apple", "apple", "pear"):
             running.send("shop/cart/dave", item)
         for name in ("ann", "bob", "cy", "dee", "eve", "fay"):
@@ -111,6 +117,8 @@ def test_timeline_shows_what_each_invocation_did(job: AdminJob) -> None:
     assert last["duration_ms"] >= 0 and last["error"] is None
     status, audit, _ = _get(job, "/addresses/shop/audit/dave/timeline")
     assert audit["invocations"][0]["messages_in"][0]["caller"] == "shop/cart/dave"
+    status, bob, _ = _get(job, "/addresses/shop/cart/bob/timeline")
+    assert status == 200 and bob["invocations"] == []  # invoked before its first lookup
 
 
 def test_console_files_and_plan(job: AdminJob) -> None:
@@ -184,7 +192,8 @@ def test_remote_functions_state_and_timeline(tmp_path: Path) -> None:
     functions = ROOT / "tests" / "integration" / "fns" / "inspect_fns.py"
     with (
         serve_functions(functions, ROOT) as url,
-        admin_job(tmp_path, remote=url) as running,
+        # every invocation kept in the job's ring: found without a lookup before
+        admin_job(tmp_path, "timeline_entries=1000", remote=url) as running,
     ):
         for item in ("apple", "pear", "fig"):
             running.send("shop/cart/rita", item)
@@ -201,6 +210,7 @@ def test_remote_functions_state_and_timeline(tmp_path: Path) -> None:
         assert found["values"]["items"]["encoding"] == "json"  # remote: by its look
         status, timeline, _ = _get(running, "/addresses/shop/cart/rita/timeline")
         assert status == 200, timeline
+        assert timeline["every_invocation"] is True
         invocations = timeline["invocations"]
         # a remote batch is one invocation with its messages in
         assert sum(i["messages_in_count"] for i in invocations) == 3

@@ -1,11 +1,12 @@
 """Each worker of a clustered job serves its own admin port on a real broker: its /status
 names the worker and the key groups it owns, /metrics counts its invocations, a state or
 timeline lookup answers on the owner of the address's key group and names the owner and its
-admin URL (421) on the other worker."""
+admin URL (421) on the other worker. A worker's counters go on across a rebalance."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -122,6 +123,10 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(
         assert info["id"] == worker and info["job"] == cluster.job_id
         assert info["admin_url"] == f"http://127.0.0.1:{cluster.ports[worker]}"
         assert len(info["partitions"]) == 4 and len(info["input_partitions"]) == 2
+    for id_ in ("0", "7"):  # a timeline records an address from its first lookup on
+        key_group = key_group_for("cluster/hop", id_, 128)
+        owner = next(w for w, info in workers.items() if key_group in info["key_groups"])
+        assert cluster.get(owner, f"/addresses/cluster/hop/{id_}/timeline")[0] == 200
     cluster.feed(0, MESSAGES)
     seen = read_outputs(cluster.bootstrap, cluster.output, MESSAGES, 90)
     assert sum(seen.values()) == MESSAGES
@@ -167,3 +172,39 @@ def test_each_worker_serves_its_key_groups_and_names_the_owner(
     asyncio.run(
         _console_names_the_owner(browser, cluster, next(w for w in workers if w != owner_of_0))
     )
+
+
+def _invocations(cluster: AdminCluster, worker: str) -> tuple[int, float]:
+    """The worker's invocations of ``cluster/hop``: by ``/status``, by ``/metrics``."""
+    status, data, _ = cluster.get(worker, "/status")
+    assert status == 200, data
+    status, text, _ = cluster.get(worker, "/metrics")
+    assert status == 200, text
+    counted = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('pystatefun_function_invocations_total{function="cluster/hop"')
+    ]
+    return data["functions"]["cluster/hop"]["invocations"], sum(counted)
+
+
+def test_a_workers_counters_go_on_across_a_rebalance(cluster: AdminCluster) -> None:
+    cluster.start("w0")
+    deadline = time.monotonic() + 60
+    while True:  # alone, w0 owns every key group
+        with contextlib.suppress(OSError):
+            status, data, _ = cluster.get("w0", "/status")
+            if status == 200 and len(data["worker"]["key_groups"]) == 128:
+                break
+        assert time.monotonic() < deadline, "w0 was never assigned every key group"
+        time.sleep(0.3)
+    cluster.feed(0, MESSAGES)
+    assert sum(read_outputs(cluster.bootstrap, cluster.output, MESSAGES, 90).values()) == MESSAGES
+    by_status, by_metrics = before = _invocations(cluster, "w0")
+    assert by_status == by_metrics == sum(model_counts(MESSAGES).values())
+    generation = data["worker"]["generation"]
+    cluster.start("w1")  # a rebalance: w0 runs a new job for half the key groups
+    workers = _settled(cluster)
+    assert workers["w0"]["generation"] > generation
+    after = _invocations(cluster, "w0")
+    assert after[0] >= before[0] and after[1] >= before[1], (before, after)

@@ -213,6 +213,13 @@ async def test_console_shows_graph_rates_and_state(browser: int, tmp_path: Path)
                     "the state of shop/cart/dave",
                 )
                 assert '{"apple":1,"pear":1}' in state and "shop.types/items" in state
+                # the lookup started recording the address; the page asks again as it polls
+                await page.wait_for(
+                    "document.getElementById('timeline').textContent.includes('recorded since')",
+                    "the timeline recording shop/cart/dave",
+                )
+                job.send("shop/cart/dave", "fig")
+                job.send("shop/cart/dave", "kiwi")
                 timeline = await page.wait_for(
                     "document.querySelectorAll('#timeline .invocation').length >= 2 &&"
                     " document.getElementById('timeline').textContent",

@@ -266,6 +266,7 @@ async function poll() {
     render(status, at);
     previous = { at, status };
     showError(null);
+    await refreshTimeline();
   } catch (error) {
     if (!(error instanceof Unauthorized)) showError(error);
   }
@@ -307,6 +308,7 @@ async function lookup(event) {
     } else if (response.status === 421) {
       state.replaceChildren(await otherOwner(response));
       timeline.replaceChildren();
+      shownAddress = null;
       return;
     } else if (!response.ok) {
       state.replaceChildren(el("p", { class: "error" }, await response.text()));
@@ -326,29 +328,49 @@ async function lookup(event) {
       table.append(body);
       state.replaceChildren(el("h3", {}, `state of ${found.address} (key group ${found.key_group})`), table);
     }
-    const answer = await api(`/addresses/${path}/timeline`);
-    if (!answer.ok) {
-      timeline.replaceChildren(el("p", { class: "muted" }, await answer.text()));
-      return;
-    }
-    const data = await answer.json();
-    const items = data.invocations.slice().reverse().map((inv) => {
-      const lines = [];
-      for (const m of inv.messages_in) lines.push(`in from ${m.caller || "an ingress"}: ${describe(m)} (${m.size} B)`);
-      for (const s of inv.state) lines.push(`state ${s.name} = ${describe(s.value)}`);
-      for (const m of inv.messages_out) lines.push(`out to ${m.target}: ${describe(m)}`);
-      for (const d of inv.delayed) lines.push(d.target ? `delayed ${d.delay_ms} ms to ${d.target}` : `cancelled ${d.cancellation_token}`);
-      for (const e of inv.egress) lines.push(`egress ${e.egress}: ${e.records} record(s), ${e.bytes} B`);
-      const head = `${new Date(inv.at_ms).toLocaleTimeString()} - ${fmt(inv.duration_ms, 3)} ms`;
-      return el("div", { class: "invocation" }, el("strong", {}, head),
-        inv.error ? el("div", { class: "failed" }, inv.error) : "",
-        el("pre", {}, lines.join("\n")));
-    });
-    timeline.replaceChildren(el("h3", {}, `last ${data.invocations.length} invocation(s), newest first (${data.keep} kept)`),
-      ...(items.length ? items : [el("p", { class: "muted" }, "no invocation recorded")]));
+    shownAddress = path;
+    await showTimeline(path);
   } catch (error) {
     if (!(error instanceof Unauthorized)) showError(error);
   }
+}
+
+// The address whose timeline is shown: asked again at every poll (the runtime records an
+// address from its first lookup on, so the timeline fills as it is invoked).
+let shownAddress = null;
+
+async function refreshTimeline() {
+  if (!shownAddress) return;
+  try { await showTimeline(shownAddress); } catch (error) {
+    if (!(error instanceof Unauthorized)) showError(error);
+  }
+}
+
+async function showTimeline(path) {
+  const timeline = $("timeline");
+  const answer = await api(`/addresses/${path}/timeline`);
+  if (path !== shownAddress) return;  // another address was looked up meanwhile
+  if (!answer.ok) {
+    timeline.replaceChildren(el("p", { class: "muted" }, await answer.text()));
+    return;
+  }
+  const data = await answer.json();
+  const items = data.invocations.slice().reverse().map((inv) => {
+    const lines = [];
+    for (const m of inv.messages_in) lines.push(`in from ${m.caller || "an ingress"}: ${describe(m)} (${m.size} B)`);
+    for (const s of inv.state) lines.push(`state ${s.name} = ${describe(s.value)}`);
+    for (const m of inv.messages_out) lines.push(`out to ${m.target}: ${describe(m)}`);
+    for (const d of inv.delayed) lines.push(d.target ? `delayed ${d.delay_ms} ms to ${d.target}` : `cancelled ${d.cancellation_token}`);
+    for (const e of inv.egress) lines.push(`egress ${e.egress}: ${e.records} record(s), ${e.bytes} B`);
+    const head = `${new Date(inv.at_ms).toLocaleTimeString()} - ${fmt(inv.duration_ms, 3)} ms`;
+    return el("div", { class: "invocation" }, el("strong", {}, head),
+      inv.error ? el("div", { class: "failed" }, inv.error) : "",
+      el("pre", {}, lines.join("\n")));
+  });
+  const since = data.every_invocation ? "" :
+    `, recorded since ${new Date(data.recorded_since_ms).toLocaleTimeString()}`;
+  timeline.replaceChildren(el("h3", {}, `last ${data.invocations.length} invocation(s), newest first (${data.keep} kept${since})`),
+    ...(items.length ? items : [el("p", { class: "muted" }, "no invocation recorded yet")]));
 }
 
 function useToken(event) {
