@@ -13,16 +13,18 @@ steps (``CheckpointCoordinator.checkpoint``):
 2. **Write**: non-transactional (at-least-once) sinks flush first, so nothing they held
    from before the cut is lost once the checkpoint exists. Then, in a worker thread while
    processing goes on: the state snapshot, the messages, the timers and the sinks'
-   transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), each file fsynced; the
-   cut's file, the folder's name and the state's files are fsynced at the same time (the file
-   system commits overlapping fsyncs together), the metadata after them.
-   Every file's size and CRC-32C are computed as it is written (no extra pass) and listed in
-   the metadata.
+   transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), not fsynced yet. Every
+   file's size and CRC-32C are computed as it is written (no extra pass) and listed in the
+   metadata.
 3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last and
-   atomically. Only now does the checkpoint exist; a crash before this step leaves a folder
-   that is never restored. Then checkpoints beyond the newest ``checkpoints_retained`` are
-   deleted (N replaces them) - after step 4, in a worker thread that neither the replies nor
-   the next checkpoint wait for (deleting files costs more than writing a small checkpoint).
+   atomically: under a temporary name first, then one round of fsyncs, all at once, makes
+   every file of step 2, the temporary metadata, the folder's entries and the folder's own
+   name durable (the file system commits overlapping fsyncs together), and only then is it
+   renamed into place (the folder fsynced again). Only now does the checkpoint exist; a crash
+   before this step leaves a folder that is never restored. Then checkpoints beyond the newest
+   ``checkpoints_retained`` are deleted (N replaces them) - after step 4, in a worker thread
+   that neither the replies nor the next checkpoint wait for (deleting files costs more than
+   writing a small checkpoint).
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
    their positions are durable (Kafka offsets to the group, WAL trimming; not for savepoints,
    which are no checkpoint a restart falls back to), and the sealed HTTP replies are released.
@@ -61,7 +63,7 @@ import msgpack
 
 from statefun._checksums import ALGORITHM, crc32c
 from statefun._exceptions import JobFailedError
-from statefun._files import fsync_dir, write_synced
+from statefun._files import fsync_path, unsynced_file
 from statefun.checkpoint._codec import encode_envelopes, encode_timers
 from statefun.checkpoint.recovery import restore
 from statefun.checkpoint.storage import (
@@ -114,6 +116,9 @@ log = logging.getLogger(__name__)
 
 #: completed checkpoints whose figures are kept (``history``: /status)
 HISTORY = 50
+#: threads that fsync a checkpoint's files beside the writer's own (a small checkpoint has
+#: about six files and folders to make durable)
+_SYNC_THREADS = 6
 
 
 class SimulatedCrash(BaseException):
@@ -175,8 +180,8 @@ class CheckpointCoordinator:
         self.commit_seconds: dict[str, Histogram] = {}
         #: wall-clock time (epoch seconds) the last checkpoint completed; 0: none yet
         self.last_completed_at = 0.0
-        #: fsyncs that run beside the state's (threads are made on first use)
-        self._io = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-io")
+        #: fsyncs of one checkpoint, all at once (threads are made on first use)
+        self._io = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="checkpoint-io")
 
     def _step(self, name: str, checkpoint_id: int) -> None:
         if self._hook is not None:
@@ -342,7 +347,11 @@ class CheckpointCoordinator:
         self.max_stall_ms = max(self.max_stall_ms, cut.stall_ms)
         return cut
 
-    def _write(self, folder: Path, cut: Cut, previous: Path | None) -> dict[str, Any]:
+    def _write(
+        self, folder: Path, cut: Cut, previous: Path | None
+    ) -> tuple[dict[str, Any], list[Path]]:
+        """The cut's file and the state's files, none fsynced yet: the metadata's entries
+        for them, and the files and folders to fsync before the checkpoint completes."""
         state_dir = folder / "state"
         state_dir.mkdir()
         if previous is not None and not previous.is_dir():
@@ -358,18 +367,28 @@ class CheckpointCoordinator:
                 use_bin_type=True,
             )
         )
-        # The cut's file and the folder's name (made by begin()) are made durable beside the
-        # state's files, not after them: overlapping fsyncs share the file system's journal
-        # commits, which under other I/O are most of what a small checkpoint costs.
-        cut_synced = self._io.submit(write_synced, folder / CUT_FILE, data)
-        name_synced = self._io.submit(fsync_dir, folder.parent)
-        manifest = cut.state.write(state_dir, previous)
-        cut_synced.result()
-        name_synced.result()
+        with unsynced_file(folder / CUT_FILE) as out:
+            out.write(data)
+        manifest, unsynced = cut.state.write_unsynced(state_dir, previous)
         files = {CUT_FILE: [len(data), crc32c(data)]}
         for name, checksum in manifest.pop("checksums", {}).items():
             files[f"state/{name}"] = list(checksum)
-        return {"state": manifest, "checksum": ALGORITHM, "files": files}
+        return {"state": manifest, "checksum": ALGORITHM, "files": files}, [
+            folder / CUT_FILE,
+            *unsynced,
+        ]
+
+    def _sync(self, paths: Sequence[Path]) -> None:
+        """fsync ``paths`` (files and folders) at once: overlapping fsyncs share the file
+        system's journal commits, which under other I/O are most of what a small checkpoint
+        costs, where one after another each waits for its own."""
+        *others, last = paths
+        pending = [self._io.submit(fsync_path, path) for path in others]
+        try:
+            fsync_path(last)
+        finally:
+            for future in pending:
+                future.result()
 
     def _metadata(self, cut: Cut, savepoint: bool) -> dict[str, Any]:
         """The metadata of ``cut`` without its files (taken on the event loop's thread)."""
@@ -402,9 +421,13 @@ class CheckpointCoordinator:
         the checkpoints beyond the newest ``checkpoints_retained`` go (not needed once this
         one exists). Returns the checkpoint and the CPU time (ms) this thread spent on it."""
         cpu = time.thread_time()
-        files = self._write(folder, cut, previous)
+        files, unsynced = self._write(folder, cut, previous)
+        staged = self.storage.stage(folder, {**metadata, **files})
+        # One round of fsyncs for every file, the metadata under its temporary name, the
+        # folder's entries and the folder's own name (made by begin()); then the rename.
+        self._sync([*unsynced, staged.path, folder, folder.parent])
         self._step("written", cut.id)
-        completed = self.storage.finish(folder, {**metadata, **files}, name_synced=True)
+        completed = self.storage.publish(staged)
         return completed, (time.thread_time() - cpu) * 1000
 
     async def _prune_after_commit(self) -> None:

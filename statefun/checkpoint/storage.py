@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import time
@@ -31,7 +32,7 @@ from urllib.parse import urlparse
 
 from statefun._checksums import crc32c
 from statefun._exceptions import CheckpointDamagedError, ConfigurationError
-from statefun._files import fsync_dir, write_atomically
+from statefun._files import fsync_dir, unsynced_file, write_atomically
 
 __all__ = [
     "CUT_FILE",
@@ -40,6 +41,7 @@ __all__ = [
     "READABLE_FORMATS",
     "CheckpointStorage",
     "CompletedCheckpoint",
+    "StagedMetadata",
     "read_checkpoint",
     "storage_path",
 ]
@@ -67,6 +69,15 @@ def storage_path(location: str) -> Path:
             f"checkpoint storage {location!r}: only local paths and file:// URLs are supported"
         )
     return Path(url.path)
+
+
+@dataclass(frozen=True)
+class StagedMetadata:
+    """A checkpoint's metadata written under a temporary name (``CheckpointStorage.stage``)."""
+
+    folder: Path
+    path: Path
+    metadata: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -201,7 +212,7 @@ class CheckpointStorage:
     def finish(
         self, folder: Path, metadata: dict[str, Any], name_synced: bool = False
     ) -> CompletedCheckpoint:
-        """Step 4 of the protocol: write the metadata (with its checksum), last and
+        """Step 3 of the protocol: write the metadata (with its checksum), last and
         atomically. ``name_synced``: the folder's own name (made by ``begin``) is durable
         already (its parent was fsynced after ``begin``)."""
         metadata = seal_metadata(metadata)
@@ -209,6 +220,24 @@ class CheckpointStorage:
         if not name_synced:
             fsync_dir(folder.parent)  # the folder's own name, made by begin()
         return CompletedCheckpoint(int(metadata["id"]), folder, metadata)
+
+    def stage(self, folder: Path, metadata: dict[str, Any]) -> StagedMetadata:
+        """Step 3 in two halves, the first: the metadata (with its checksum) written under a
+        temporary name, not fsynced. The caller fsyncs ``staged.path`` and the folder together
+        with the checkpoint's other files, then calls ``publish``."""
+        metadata = seal_metadata(metadata)
+        path = folder / (METADATA + ".tmp")
+        with unsynced_file(path) as out:
+            out.write(json.dumps(metadata, indent=1).encode("utf-8"))
+        return StagedMetadata(folder, path, metadata)
+
+    def publish(self, staged: StagedMetadata) -> CompletedCheckpoint:
+        """The second half: once every file of the checkpoint, ``staged.path`` and the
+        folder's entries are durable, the metadata takes its name (the checkpoint exists) and
+        the folder is fsynced again (the rename is durable)."""
+        os.replace(staged.path, staged.folder / METADATA)
+        fsync_dir(staged.folder)
+        return CompletedCheckpoint(int(staged.metadata["id"]), staged.folder, staged.metadata)
 
     def prune(self) -> None:
         """Keep the newest ``retained`` checkpoints; savepoints are never touched. Runs once a

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from statefun._checksums import describe_mismatch, file_sum
+from statefun._checksums import PREFIX, describe_mismatch, file_sum
 from statefun._exceptions import CheckpointDamagedError, ConfigurationError
 from statefun.checkpoint.storage import (
     CUT_FILE,
@@ -54,8 +54,10 @@ def verify_files(checkpoint: CompletedCheckpoint) -> int:
     total = 0
     for name, expected in files.items():
         path = checkpoint.path / name
+        # [size, crc32c, "prefix"]: the first size bytes of a file later checkpoints append to
+        prefix = len(expected) > 2 and expected[2] == PREFIX
         try:
-            found = file_sum(path)
+            found = file_sum(path, int(expected[0]) if prefix else None)
         except FileNotFoundError:
             raise CheckpointDamagedError(str(path), "missing") from None
         except OSError as exc:
