@@ -423,6 +423,7 @@ class CheckpointCoordinator:
         cpu = time.thread_time()
         files, unsynced = self._write(folder, cut, previous)
         staged = self.storage.stage(folder, {**metadata, **files})
+        self._step("staged", cut.id)
         # One round of fsyncs for every file, the metadata under its temporary name, the
         # folder's entries and the folder's own name (made by begin()); then the rename.
         self._sync([*unsynced, staged.path, folder, folder.parent])
