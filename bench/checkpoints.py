@@ -537,9 +537,10 @@ def _get_json(url: str, timeout: float = 5.0) -> Any:
 def runtime_process(
     tmp: Path, settings: dict[str, str], ingress_port: int, checkout: Path = ROOT
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``statefun run`` of this checkout, or of another one (``checkout``: its ``statefun``
-    package comes first on the path; the top-level ingress/, egress/ and sdk/ folders still
-    come from the installed one)."""
+    """``statefun run`` of this checkout, or of another one (``checkout``: in its own
+    virtualenv ``checkout/.venv`` if it has one, else its ``statefun`` package comes first on
+    the path and the top-level ingress/, egress/ and sdk/ folders still come from the installed
+    one)."""
     module = tmp / "module.yaml"
     module.write_text(
         "kind: io.pystatefun.endpoints.v1/embedded\n"
@@ -552,13 +553,19 @@ def runtime_process(
         "  id: bench/http\n"
         f"  port: {ingress_port}\n"
     )
-    command = [sys.executable, "-m", "statefun", "run", str(module), "--log-level", "warning"]
+    # Another checkout with a virtualenv of its own (``make lint`` there) runs in it.
+    python = checkout / ".venv" / "bin" / "python"
+    own_venv = checkout != ROOT and python.is_file()
+    executable = str(python) if own_venv else sys.executable
+    command = [executable, "-m", "statefun", "run", str(module), "--log-level", "warning"]
     for name, value in settings.items():
         command += ["--set", f"{name}={value}"]
     progress(f"    runtime: {' '.join(command[1:])}")
     log_path = tmp / "runtime.log"
     with log_path.open("wb") as log_file:
         env = {**os.environ, "PYTHONPATH": str(checkout)} if checkout != ROOT else None
+        if own_venv:
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         process = subprocess.Popen(
             command, cwd=checkout, env=env, stdout=log_file, stderr=subprocess.STDOUT
         )

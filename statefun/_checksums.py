@@ -15,9 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["ALGORITHM", "FileSum", "HashingWriter", "crc32c", "describe_mismatch", "file_sum"]
+__all__ = [
+    "ALGORITHM",
+    "PREFIX",
+    "FileSum",
+    "HashingWriter",
+    "crc32c",
+    "describe_mismatch",
+    "file_sum",
+]
 
 ALGORITHM = "crc32c"
+#: the third element of a checkpoint's ``[size, crc32c, PREFIX]``: the checksum is of the first
+#: ``size`` bytes of a file that later checkpoints append to (a RocksDB chain's changelog)
+PREFIX = "prefix"
 #: (size in bytes, CRC-32C)
 FileSum = tuple[int, int]
 _READ = 1 << 20
@@ -66,13 +77,14 @@ class HashingWriter:
         return self.size, self.crc
 
 
-def file_sum(path: Path) -> FileSum:
-    """The size and CRC-32C of the file at ``path`` (read in 1 MiB blocks)."""
+def file_sum(path: Path, limit: int | None = None) -> FileSum:
+    """The size and CRC-32C of the file at ``path`` (read in 1 MiB blocks), or of its first
+    ``limit`` bytes (fewer if it is shorter)."""
     crc = 0
     size = 0
     function = _crc32c()
     with path.open("rb") as data:
-        while block := data.read(_READ):
+        while block := data.read(_READ if limit is None else min(_READ, limit - size)):
             crc = function(block, crc)
             size += len(block)
     return size, crc

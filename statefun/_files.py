@@ -12,7 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["fsync_dir", "synced_file", "write_atomically", "write_synced"]
+__all__ = [
+    "fsync_dir",
+    "fsync_path",
+    "synced_file",
+    "unsynced_file",
+    "write_atomically",
+    "write_synced",
+]
 
 
 def fsync_dir(path: Path) -> None:
@@ -22,6 +29,18 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    """Make what was written to file ``path`` (or the entries of directory ``path``) durable,
+    through a descriptor of its own: the bytes of a file closed unsynced are in the page cache
+    and any descriptor's fsync writes them. An OSError names the path."""
+    try:
+        fsync_dir(path)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
 
 
 @contextmanager
@@ -34,6 +53,19 @@ def synced_file(path: Path) -> Iterator[BinaryIO]:
             yield out
             out.flush()
             os.fsync(out.fileno())
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+
+
+@contextmanager
+def unsynced_file(path: Path) -> Iterator[BinaryIO]:
+    """A new file ``path`` to write, not fsynced: the caller fsyncs it (``fsync_path``) with
+    others at once before anything relies on it. An OSError names the file."""
+    try:
+        with path.open("wb") as out:
+            yield out
     except OSError as exc:
         if exc.filename is None and exc.errno is not None:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc

@@ -13,16 +13,21 @@ steps (``CheckpointCoordinator.checkpoint``):
 2. **Write**: non-transactional (at-least-once) sinks flush first, so nothing they held
    from before the cut is lost once the checkpoint exists. Then, in a worker thread while
    processing goes on: the state snapshot, the messages, the timers and the sinks'
-   transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), each file fsynced; the
-   cut's file, the folder's name and the state's files are fsynced at the same time (the file
-   system commits overlapping fsyncs together), the metadata after them.
-   Every file's size and CRC-32C are computed as it is written (no extra pass) and listed in
-   the metadata.
-3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last and
-   atomically. Only now does the checkpoint exist; a crash before this step leaves a folder
-   that is never restored. Then checkpoints beyond the newest ``checkpoints_retained`` are
-   deleted (N replaces them) - after step 4, in a worker thread that neither the replies nor
-   the next checkpoint wait for (deleting files costs more than writing a small checkpoint).
+   transactions into ``chk-N/`` (``state/`` and ``cut.msgpack``), not fsynced yet. Every
+   file's size and CRC-32C are computed as it is written (no extra pass) and listed in the
+   metadata.
+3. **Complete** (in the same worker trip): ``chk-N/_metadata`` is written last, under a
+   temporary name (``_metadata.tmp``) first; then one round of fsyncs, all at once, makes
+   every file of step 2, the metadata, the folder's entries and the folder's own name durable
+   (the file system commits overlapping fsyncs together). Only now does the checkpoint exist:
+   its metadata, whole (its own checksum) and listing every file with its size and checksum,
+   is durable with all of them. A crash before this step leaves a folder that is never
+   restored (deleted on start); a crash after it, before the rename below, leaves one that the
+   next start verifies whole and adopts (``CheckpointStorage.prepare``). After step 4, in a
+   worker thread that neither the replies nor the next checkpoint wait for, the metadata takes
+   its name (``_metadata``, the folder fsynced) and checkpoints beyond the newest
+   ``checkpoints_retained`` are deleted (N replaces them; deleting files costs more than
+   writing a small checkpoint). A savepoint's metadata takes its name within this step.
 4. **Commit**: transactional sinks commit transaction N (two-phase commit), sources hear that
    their positions are durable (Kafka offsets to the group, WAL trimming; not for savepoints,
    which are no checkpoint a restart falls back to), and the sealed HTTP replies are released.
@@ -61,7 +66,7 @@ import msgpack
 
 from statefun._checksums import ALGORITHM, crc32c
 from statefun._exceptions import JobFailedError
-from statefun._files import fsync_dir, write_synced
+from statefun._files import fsync_path, unsynced_file
 from statefun.checkpoint._codec import encode_envelopes, encode_timers
 from statefun.checkpoint.recovery import restore
 from statefun.checkpoint.storage import (
@@ -69,6 +74,7 @@ from statefun.checkpoint.storage import (
     FORMAT_VERSION,
     CheckpointStorage,
     CompletedCheckpoint,
+    StagedMetadata,
 )
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import RemoteFunction
@@ -114,6 +120,9 @@ log = logging.getLogger(__name__)
 
 #: completed checkpoints whose figures are kept (``history``: /status)
 HISTORY = 50
+#: threads that fsync a checkpoint's files beside the writer's own (a small checkpoint has
+#: about six files and folders to make durable)
+_SYNC_THREADS = 6
 
 
 class SimulatedCrash(BaseException):
@@ -165,6 +174,8 @@ class CheckpointCoordinator:
         #: CPU time the last checkpoint took: its cut, and writing its files (worker thread)
         self.last_cpu_ms = 0.0
         self._pruning: asyncio.Task[None] | None = None  # deleting old checkpoints
+        #: complete checkpoints whose metadata has its temporary name still, oldest first
+        self._unpublished: deque[StagedMetadata] = deque()
         #: the last completed checkpoints: id, duration_ms, bytes, completed_at (epoch s)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         #: seconds each checkpoint took, cut to commit (metrics)
@@ -175,8 +186,8 @@ class CheckpointCoordinator:
         self.commit_seconds: dict[str, Histogram] = {}
         #: wall-clock time (epoch seconds) the last checkpoint completed; 0: none yet
         self.last_completed_at = 0.0
-        #: fsyncs that run beside the state's (threads are made on first use)
-        self._io = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-io")
+        #: fsyncs of one checkpoint, all at once (threads are made on first use)
+        self._io = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="checkpoint-io")
 
     def _step(self, name: str, checkpoint_id: int) -> None:
         if self._hook is not None:
@@ -228,6 +239,8 @@ class CheckpointCoordinator:
             pass
         if self._pruning is not None:
             await self._pruning
+        if self._unpublished:
+            await asyncio.to_thread(self._publish_and_prune)
 
     async def checkpoint(self, savepoint: bool = False) -> CompletedCheckpoint:
         async with self._lock:
@@ -251,7 +264,7 @@ class CheckpointCoordinator:
                     if not sink.transactional:
                         await sink.flush()
                 # 2. and 3. in one trip to a worker thread
-                completed, write_cpu_ms = await asyncio.to_thread(
+                completed, write_cpu_ms, staged = await asyncio.to_thread(
                     self._write_and_complete, folder, cut, previous, metadata, savepoint
                 )
             finally:
@@ -277,6 +290,7 @@ class CheckpointCoordinator:
             self.job.check_sink_backlog()
             self._step("committed", checkpoint_id)
             if not savepoint:
+                self._unpublished.append(staged)
                 await self._prune_after_commit()
             # Long-lived state need not be scanned by every full garbage collection again
             # (it holds no reference cycles; reference counting still frees it).
@@ -342,7 +356,11 @@ class CheckpointCoordinator:
         self.max_stall_ms = max(self.max_stall_ms, cut.stall_ms)
         return cut
 
-    def _write(self, folder: Path, cut: Cut, previous: Path | None) -> dict[str, Any]:
+    def _write(
+        self, folder: Path, cut: Cut, previous: Path | None
+    ) -> tuple[dict[str, Any], list[Path]]:
+        """The cut's file and the state's files, none fsynced yet: the metadata's entries
+        for them, and the files and folders to fsync before the checkpoint completes."""
         state_dir = folder / "state"
         state_dir.mkdir()
         if previous is not None and not previous.is_dir():
@@ -358,18 +376,28 @@ class CheckpointCoordinator:
                 use_bin_type=True,
             )
         )
-        # The cut's file and the folder's name (made by begin()) are made durable beside the
-        # state's files, not after them: overlapping fsyncs share the file system's journal
-        # commits, which under other I/O are most of what a small checkpoint costs.
-        cut_synced = self._io.submit(write_synced, folder / CUT_FILE, data)
-        name_synced = self._io.submit(fsync_dir, folder.parent)
-        manifest = cut.state.write(state_dir, previous)
-        cut_synced.result()
-        name_synced.result()
+        with unsynced_file(folder / CUT_FILE) as out:
+            out.write(data)
+        manifest, unsynced = cut.state.write_unsynced(state_dir, previous)
         files = {CUT_FILE: [len(data), crc32c(data)]}
         for name, checksum in manifest.pop("checksums", {}).items():
             files[f"state/{name}"] = list(checksum)
-        return {"state": manifest, "checksum": ALGORITHM, "files": files}
+        return {"state": manifest, "checksum": ALGORITHM, "files": files}, [
+            folder / CUT_FILE,
+            *unsynced,
+        ]
+
+    def _sync(self, paths: Sequence[Path]) -> None:
+        """fsync ``paths`` (files and folders) at once: overlapping fsyncs share the file
+        system's journal commits, which under other I/O are most of what a small checkpoint
+        costs, where one after another each waits for its own."""
+        *others, last = paths
+        pending = [self._io.submit(fsync_path, path) for path in others]
+        try:
+            fsync_path(last)
+        finally:
+            for future in pending:
+                future.result()
 
     def _metadata(self, cut: Cut, savepoint: bool) -> dict[str, Any]:
         """The metadata of ``cut`` without its files (taken on the event loop's thread)."""
@@ -397,15 +425,25 @@ class CheckpointCoordinator:
         previous: Path | None,
         metadata: dict[str, Any],
         savepoint: bool,
-    ) -> tuple[CompletedCheckpoint, float]:
-        """Steps 2 (the files) and 3 in a worker thread: metadata last and atomically, then
-        the checkpoints beyond the newest ``checkpoints_retained`` go (not needed once this
-        one exists). Returns the checkpoint and the CPU time (ms) this thread spent on it."""
+    ) -> tuple[CompletedCheckpoint, float, StagedMetadata]:
+        """Steps 2 (the files) and 3 in a worker thread: the metadata last, under its
+        temporary name, then every file durable in one round of fsyncs: the checkpoint is
+        complete. A savepoint's metadata takes its name here; a checkpoint's after step 4
+        (``_publish_and_prune``), off the replies' path. Returns the checkpoint, the CPU time
+        (ms) this thread spent on it and its staged metadata."""
         cpu = time.thread_time()
-        files = self._write(folder, cut, previous)
+        files, unsynced = self._write(folder, cut, previous)
+        staged = self.storage.stage(folder, {**metadata, **files})
+        self._step("staged", cut.id)
+        # One round of fsyncs for every file, the metadata under its temporary name, the
+        # folder's entries and the folder's own name (made by begin()); then the rename.
+        self._sync([*unsynced, staged.path, folder, folder.parent])
         self._step("written", cut.id)
-        completed = self.storage.finish(folder, {**metadata, **files}, name_synced=True)
-        return completed, (time.thread_time() - cpu) * 1000
+        if savepoint:
+            completed = self.storage.publish(staged)
+        else:
+            completed = self.storage.completed_from(staged)
+        return completed, (time.thread_time() - cpu) * 1000, staged
 
     async def _prune_after_commit(self) -> None:
         """Step 3's deletion of the checkpoints beyond the retained ones: in a worker thread
@@ -416,12 +454,21 @@ class CheckpointCoordinator:
                 return
             await self._pruning
         if self._stopped.is_set():
-            await asyncio.to_thread(self.storage.prune)
+            await asyncio.to_thread(self._publish_and_prune)
             return
         self._pruning = asyncio.create_task(self._prune())
 
     async def _prune(self) -> None:
         try:
-            await asyncio.to_thread(self.storage.prune)
+            await asyncio.to_thread(self._publish_and_prune)
         except OSError as exc:  # the next checkpoint tries again
             log.warning("deleting old checkpoints failed: %s", exc)
+
+    def _publish_and_prune(self) -> None:
+        """The metadata of each complete checkpoint takes its name (oldest first), then the
+        checkpoints beyond the retained ones go. A crash before a rename leaves a complete
+        checkpoint that the next start verifies and adopts (``CheckpointStorage.prepare``)."""
+        while self._unpublished:
+            self.storage.publish(self._unpublished[0])
+            self._unpublished.popleft()
+        self.storage.prune()

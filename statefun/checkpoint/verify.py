@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from statefun._checksums import describe_mismatch, file_sum
 from statefun._exceptions import CheckpointDamagedError, ConfigurationError
 from statefun.checkpoint.storage import (
     CUT_FILE,
-    FORMAT_VERSION,
     METADATA,
     CompletedCheckpoint,
     read_checkpoint,
+    verify_files,
 )
 
 __all__ = [
@@ -41,30 +40,6 @@ __all__ = [
 
 HELP = "verify checkpoints and savepoints (checksums, and that the data decodes)"
 _FOLDER = re.compile(r"^(chk|sp)-\d+(?:-[\w.]+)?$")
-
-
-def verify_files(checkpoint: CompletedCheckpoint) -> int:
-    """Check every file the metadata lists (size and CRC-32C); how many bytes were read."""
-    metadata = checkpoint.metadata
-    files = metadata.get("files")
-    if files is None:
-        if metadata.get("format") == FORMAT_VERSION:
-            raise CheckpointDamagedError(str(checkpoint.path / METADATA), "lists no files")
-        return 0  # written before checksums
-    total = 0
-    for name, expected in files.items():
-        path = checkpoint.path / name
-        try:
-            found = file_sum(path)
-        except FileNotFoundError:
-            raise CheckpointDamagedError(str(path), "missing") from None
-        except OSError as exc:
-            raise CheckpointDamagedError(str(path), f"cannot be read: {exc}") from None
-        problem = describe_mismatch((int(expected[0]), int(expected[1])), found)
-        if problem is not None:
-            raise CheckpointDamagedError(str(path), problem)
-        total += found[0]
-    return total
 
 
 def verify_data(checkpoint: CompletedCheckpoint) -> dict[str, int]:

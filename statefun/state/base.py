@@ -11,7 +11,8 @@ Snapshots (checkpoints) happen in two steps so that processing stalls only brief
 1. ``snapshot()`` at the checkpoint's cut, on the event loop: O(key groups) or less, never
    O(state). It fixes the state as it is at that instant; later ``put`` calls do not change it.
 2. ``StateSnapshot.write(directory, previous)`` in a worker thread while processing goes on:
-   writes the data under ``directory`` and returns a small JSON/msgpack-able manifest.
+   writes the data under ``directory`` and returns a small JSON/msgpack-able manifest
+   (``write_unsynced``: the same, leaving the fsyncs to the caller).
    ``previous`` is the directory of the last completed checkpoint's state, if any: a backend
    may share unchanged files with it (hard links) instead of writing them again.
    ``release()`` then lets the backend forget the snapshot (call it in every case).
@@ -59,6 +60,15 @@ class StateSnapshot(abc.ABC):
         crc32c]``, computed while writing (``statefun._checksums``); the checkpoint moves
         them into its metadata.
         """
+
+    def write_unsynced(
+        self, directory: Path, previous: Path | None = None
+    ) -> tuple[dict[str, Any], list[Path]]:
+        """As ``write``, but leaving the fsyncs of the files and folders it names to the
+        caller, which must make each durable (``statefun._files.fsync_path``) before relying
+        on the snapshot. A checkpoint fsyncs them together with its own files, so that the file
+        system commits them at once. By default: ``write``, leaving nothing."""
+        return self.write(directory, previous), []
 
     @abc.abstractmethod
     def release(self) -> None:

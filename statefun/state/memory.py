@@ -23,7 +23,7 @@ import msgpack
 
 from statefun._checksums import HashingWriter
 from statefun._exceptions import CheckpointDamagedError
-from statefun._files import fsync_dir, synced_file
+from statefun._files import fsync_dir, synced_file, unsynced_file
 from statefun.state._codec import pack_entries, values_from_wire
 from statefun.state._registry import BackendKind, read_snapshot
 from statefun.state.base import (
@@ -182,6 +182,14 @@ class MemoryStateSnapshot(StateSnapshot):
 
         ``previous`` is not used: every checkpoint of the memory backend is complete.
         """
+        return self._write(directory, sync=True)[0]
+
+    def write_unsynced(
+        self, directory: Path, previous: Path | None = None
+    ) -> tuple[dict[str, Any], list[Path]]:
+        return self._write(directory, sync=False)
+
+    def _write(self, directory: Path, sync: bool) -> tuple[dict[str, Any], list[Path]]:
         if self._backend is None:
             raise RuntimeError("this state snapshot was released")
         directory.mkdir(parents=True, exist_ok=True)
@@ -189,7 +197,8 @@ class MemoryStateSnapshot(StateSnapshot):
         written: list[int] = []
         groups = self._groups
         since_yield = 0
-        with synced_file(directory / STATE_FILE) as file:
+        path = directory / STATE_FILE
+        with synced_file(path) if sync else unsynced_file(path) as file:
             out = HashingWriter(file)  # the checksum, computed as the bytes are written
             for key_group in sorted(groups):
                 group = groups[key_group]
@@ -212,8 +221,9 @@ class MemoryStateSnapshot(StateSnapshot):
                 total_entries += len(group)
                 written.append(key_group)
             total_bytes = out.tell()
-        fsync_dir(directory)
-        return {
+        if sync:
+            fsync_dir(directory)
+        manifest = {
             "backend": "memory",
             "format": FORMAT,
             "key_groups": written,
@@ -221,6 +231,7 @@ class MemoryStateSnapshot(StateSnapshot):
             "bytes": total_bytes,
             "checksums": {STATE_FILE: list(out.sum)},
         }
+        return manifest, [] if sync else [path, directory]
 
     def release(self) -> None:
         backend, self._backend = self._backend, None

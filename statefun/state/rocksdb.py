@@ -16,7 +16,8 @@ Layout under the backend's ``path`` (a working copy; durability comes from check
 and of a checkpoint's ``state/`` folder, the files of one chain (``_changelog.Chain``)::
 
     000012.sst, MANIFEST-000009, CURRENT, OPTIONS-000011   the last materialization ("files")
-    delta-<chain>-000001.msgpack, ...                      the deltas since ("deltas"), in order
+    delta-<chain>.msgpack          the deltas since, appended in order ("log": its first
+                                   "size" bytes hold this checkpoint's "deltas")
 
 Keys are ``key group (2 bytes, big-endian) | typename length (2 bytes) | typename | id``, so
 the addresses of one key group are one prefix scan; values are ``_codec.encode_values``.
@@ -41,11 +42,14 @@ previous snapshot - and link the rest from the previous checkpoint:
    without ``previous``, when ``previous`` lacks the chain's files, when more than
    ``max_delta_keys`` keys moved, or when the chain reached ``max_deltas`` deltas or
    ``max_delta_bytes``. Otherwise it writes a **delta**: hard-links the chain's files from
-   ``previous`` (``Chain.link``), applies the frozen buffers to RocksDB (which stays the
+   ``previous`` (``Chain.link``: the materialized files and the chain's one changelog file,
+   however many deltas it holds), applies the frozen buffers to RocksDB (which stays the
    current state, so reads are right and the next materialization is complete), collects
-   their entries and the moved keys' values into one delta file, and fsyncs it and the folder.
-   The manifest (plain data) lists the files, the deltas in order, and whether (and why)
-   this checkpoint materialized.
+   their entries and the moved keys' values into one delta appended to the changelog, and
+   fsyncs it and the folder - or, through ``write_unsynced``, leaves both fsyncs to the
+   checkpoint, which makes them durable in one round with its own files.
+   The manifest (plain data) lists the files, the changelog's size and number of deltas, and
+   whether (and why) this checkpoint materialized.
 3. ``restore`` installs the materialized files as the database (SSTs hard-linked) and
    replays the deltas in order (later wins, a nil value deletes); ``read_rocksdb_snapshot``
    does the same in a scratch copy. Both keep only the key groups asked for.
@@ -82,9 +86,16 @@ from typing import Any, cast
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from statefun._checksums import FileSum, HashingWriter, file_sum
-from statefun._files import fsync_dir, synced_file
-from statefun.state._changelog import Chain, Identity, file_identity, read_delta, write_delta
+from statefun._checksums import PREFIX, FileSum, HashingWriter, file_sum
+from statefun._files import fsync_dir, fsync_path, synced_file
+from statefun.state._changelog import (
+    Chain,
+    Identity,
+    append_delta,
+    file_identity,
+    read_delta,
+    read_log,
+)
 from statefun.state._codec import (
     MAX_KEY_GROUPS,
     decode_key,
@@ -106,9 +117,10 @@ __all__ = ["KIND", "RocksDBStateBackend", "RocksDBStateSnapshot", "read_rocksdb_
 
 log = logging.getLogger(__name__)
 
-#: 2: materialized files plus deltas; 1 (still read): materialized files only
-FORMAT = 2
-_READABLE_FORMATS = (1, 2)
+#: 3: materialized files plus a prefix of the chain's changelog file; 2 (still read): plus
+#: one file per delta; 1 (still read): materialized files only
+FORMAT = 3
+_READABLE_FORMATS = (1, 2, 3)
 #: writes per RocksDB WriteBatch when a worker applies a frozen buffer
 _BATCH = 4096
 #: bigger than every key: the end of a delete_range that runs to the last key group
@@ -271,7 +283,12 @@ def _replay(
         if key_groups is None
         else {key_group_prefix(k) for k in key_groups if 0 <= k < MAX_KEY_GROUPS}
     )
-    deltas = manifest.get("deltas", ())
+    log = manifest.get("log")
+    if log is not None:  # format 3
+        pairs = read_log(directory / log["name"], log["size"], log["deltas"], prefixes)
+        _write_raw(db, pairs, write_options)
+        return int(log["deltas"])
+    deltas = manifest.get("deltas", ())  # format 2: a file per delta
     for entry in deltas:
         _write_raw(db, read_delta(directory / entry["name"], prefixes), write_options)
     return len(deltas)
@@ -319,7 +336,7 @@ class RocksDBStateBackend(StateBackend):
         *,
         flush_every: int = 1024,
         keep_existing: bool = False,
-        max_deltas: int = 100,
+        max_deltas: int = 10_000,
         max_delta_bytes: int = 64 << 20,
         max_delta_keys: int = 100_000,
     ) -> None:
@@ -485,8 +502,12 @@ class RocksDBStateBackend(StateBackend):
             self._frozen = (*self._frozen, frozen)
         return RocksDBStateSnapshot(self, frozen)
 
-    def _write(self, frozen: _Frozen, directory: Path, previous: Path | None) -> dict[str, Any]:
-        """``RocksDBStateSnapshot.write``: a delta, or a materialization (worker thread)."""
+    def _write(
+        self, frozen: _Frozen, directory: Path, previous: Path | None, sync: bool = True
+    ) -> tuple[dict[str, Any], list[Path]]:
+        """``RocksDBStateSnapshot.write``: a delta, or a materialization (worker thread).
+        Without ``sync`` a delta's file and the folder are left to fsync (returned); a
+        materialization is always fsynced here (it is rare)."""
         with self._write_lock:
             index = next((i for i, f in enumerate(self._frozen) if f is frozen), None)
             if index is None:
@@ -505,13 +526,14 @@ class RocksDBStateBackend(StateBackend):
                 assert chain is not None and previous is not None
                 if not chain.link(previous, directory):
                     reason = "previous-lacks-files"
+            unsynced: list[Path] = []
             if reason is None:
                 assert chain is not None
-                manifest, chain = self._write_delta(chain, mine, directory)
+                manifest, chain, unsynced = self._write_delta(chain, mine, directory, sync)
             else:
                 manifest, chain = self._materialize(mine, directory, previous, reason, chain)
             self._chain = chain
-            return manifest
+            return manifest, unsynced
 
     def _materialize_reason(
         self, chain: Chain, previous: Path | None, mine: Sequence[_Frozen]
@@ -520,7 +542,7 @@ class RocksDBStateBackend(StateBackend):
             return "no-previous"
         if any(f.moved is None for f in mine):
             return "keys"
-        if len(chain.deltas) >= self._max_deltas:
+        if chain.delta_count >= self._max_deltas:
             return "count"
         if chain.delta_bytes >= self._max_delta_bytes:
             return "size"
@@ -532,9 +554,10 @@ class RocksDBStateBackend(StateBackend):
             self._frozen = self._frozen[count:]
 
     def _write_delta(
-        self, chain: Chain, mine: Sequence[_Frozen], directory: Path
-    ) -> tuple[dict[str, Any], Chain]:
-        """Apply the frozen buffers ``mine`` and write what they change as one delta."""
+        self, chain: Chain, mine: Sequence[_Frozen], directory: Path, sync: bool
+    ) -> tuple[dict[str, Any], Chain, list[Path]]:
+        """Apply the frozen buffers ``mine`` and write what they change as one delta; without
+        ``sync``, the delta's file and ``directory`` are left to fsync (returned)."""
         changes: dict[bytes, bytes | None] = {}
         for frozen in mine:
             changes.update(_encoded(frozen.buffer))
@@ -547,14 +570,22 @@ class RocksDBStateBackend(StateBackend):
             changes.update(zip(part, cast(list[bytes | None], self._db.get(part)), strict=True))
         self._unfreeze(len(mine))
         copied = 0
+        unsynced = [directory]
         if changes:  # nothing changed: the chain as it was
-            name = chain.next_delta_name()
-            checksum = write_delta(directory / name, changes)
-            copied = checksum[0]
-            chain = chain.with_delta(name, checksum, len(changes), file_identity(directory / name))
-        fsync_dir(directory)
+            path = directory / chain.log_name
+            before = None if chain.log is None else chain.checksums[chain.log_name]
+            total = append_delta(path, changes, before)
+            copied = total[0] - (0 if before is None else before[0])
+            chain = chain.with_delta(total, len(changes), file_identity(path))
+            if sync:
+                fsync_path(path)
+            unsynced.insert(0, path)
+        if sync:
+            fsync_dir(directory)
+            unsynced = []
         files = [{**f, "reused": True} for f in chain.base]
-        return self._manifest(chain, None, files, [1 if changes else 0, copied]), chain
+        manifest = self._manifest(chain, None, files, [1 if changes else 0, copied])
+        return manifest, chain, unsynced
 
     def _materialize(
         self,
@@ -593,7 +624,12 @@ class RocksDBStateBackend(StateBackend):
     ) -> dict[str, Any]:
         """``copied``: [files, bytes] this checkpoint wrote; the rest of ``files`` and of the
         chain's deltas it reuses from earlier ones."""
-        total_bytes = sum(f["size"] for f in files) + sum(d["size"] for d in chain.deltas)
+        total_bytes = sum(f["size"] for f in files) + chain.delta_bytes
+        checksums: dict[str, list[Any]] = {
+            name: list(chain.checksums[name]) for name in chain.names()
+        }
+        if chain.log is not None:  # later checkpoints append to it: this one holds a prefix
+            checksums[chain.log_name].append(PREFIX)
         return {
             "backend": "rocksdb",
             "format": FORMAT,
@@ -601,13 +637,14 @@ class RocksDBStateBackend(StateBackend):
             "reason": reason,
             "chain": chain.token,
             "files": files,
-            "deltas": [dict(d) for d in chain.deltas],
+            "log": None if chain.log is None else dict(chain.log),
             "copied_files": copied[0],
             "copied_bytes": copied[1],
-            "reused_files": len(files) + len(chain.deltas) - copied[0],
+            "reused_files": len(chain.names()) - copied[0],
             "reused_bytes": total_bytes - copied[1],
-            # every file of the chain, linked ones too: [size, crc32c]
-            "checksums": {name: list(chain.checksums[name]) for name in chain.names()},
+            # every file of the chain, linked ones too: [size, crc32c], the changelog's
+            # [size, crc32c, "prefix"] (of its first size bytes)
+            "checksums": checksums,
         }
 
     def _write_frozen(self, frozen: Sequence[_Frozen]) -> None:
@@ -760,7 +797,15 @@ class RocksDBStateSnapshot(StateSnapshot):
         backend = self._backend
         if backend is None:
             raise RuntimeError("this state snapshot was released")
-        return backend._write(self._frozen, directory, previous)
+        return backend._write(self._frozen, directory, previous)[0]
+
+    def write_unsynced(
+        self, directory: Path, previous: Path | None = None
+    ) -> tuple[dict[str, Any], list[Path]]:
+        backend = self._backend
+        if backend is None:
+            raise RuntimeError("this state snapshot was released")
+        return backend._write(self._frozen, directory, previous, sync=False)
 
     def release(self) -> None:
         # An unwritten snapshot's buffer stays frozen: the next write() puts it in RocksDB and

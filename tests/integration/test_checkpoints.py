@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -36,7 +38,7 @@ from tests.integration.fns.shop import functions
 
 pytestmark = pytest.mark.timeout(120)
 
-STEPS = ["cut", "written", "completed", "sink-committed", "committed"]
+STEPS = ["cut", "staged", "written", "completed", "sink-committed", "committed"]
 
 
 def write_input(path: Path, ids: int, per_id: int) -> None:
@@ -121,6 +123,66 @@ async def test_crash_between_protocol_steps(
     second = make_job(tmp_path, endpoint, **state)
     await second.run()
     assert output(tmp_path / "out.jsonl") == expected(20, 1000 if where == "embedded" else 40)
+
+
+@pytest.mark.parametrize(
+    ("step", "lost"),
+    [("staged", False), ("staged", True), ("written", False), ("completed", False)],
+    ids=["staged", "staged-unsynced-bytes-lost", "written", "completed"],
+)
+async def test_crash_in_a_checkpoint_that_appends_to_the_rocksdb_changelog(
+    tmp_path: Path, step: str, lost: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash while checkpoint 4 appends its delta to the changelog file the checkpoints
+    before it hold prefixes of: before its fsyncs, after them, after its completion (its
+    metadata still under the temporary name). The process died, the page cache did not: the
+    restart adopts checkpoint 4, verified whole. ``lost``: as after a power failure before the
+    fsyncs, the changelog's new tail never reached the disk (torn half-way): checkpoint 4 does
+    not verify and is deleted, 3 is restored. Every effect once in the end; the restart's first
+    checkpoint starts a new chain rather than appending to a file a crash may have torn."""
+    write_input(tmp_path / "in.jsonl", ids=20, per_id=1000)
+    crashed_in = 4
+
+    def crash(name: str, checkpoint_id: int) -> None:
+        if name == step and checkpoint_id == crashed_in:
+            raise SimulatedCrash(f"crash after step {name!r} of checkpoint {checkpoint_id}")
+
+    state = {"state_backend": "rocksdb", "state_dir": str(tmp_path / "state")}
+    first = make_job(tmp_path, embedded(), crash, **state)
+    with pytest.raises(JobFailedError, match="crash after step"):
+        await first.run()
+    root = tmp_path / "checkpoints"
+    folders = {int(f.name[4:]): f for f in root.iterdir() if f.name.startswith("chk-")}
+    assert max(folders) == crashed_in and crashed_in - 1 in folders  # 1 may be pruned
+    older = json.loads((folders[3] / "_metadata").read_text())["state"]
+    newest = folders[crashed_in]
+    assert (newest / "_metadata.tmp").exists() and not (newest / "_metadata").exists()
+    log = older["log"]
+    assert log is not None and not older["materialized"]  # 2 and 3 appended to the changelog
+    changelog = newest / "state" / log["name"]
+    assert changelog.stat().st_ino == (folders[3] / "state" / log["name"]).stat().st_ino
+    grown = changelog.stat().st_size
+    assert grown > log["size"]  # checkpoint 4 appended its delta to the shared file
+    if lost:
+        os.truncate(changelog, (log["size"] + grown) // 2)
+    assert output(tmp_path / "out.jsonl") != expected(20, 1000)
+
+    manifests: list[dict[str, Any]] = []
+
+    def staged(name: str, checkpoint_id: int) -> None:
+        if name == "staged":
+            metadata = root / f"chk-{checkpoint_id:06d}" / "_metadata.tmp"
+            manifests.append(json.loads(metadata.read_text())["state"])
+
+    caplog.set_level(logging.INFO)
+    second = make_job(tmp_path, embedded(), staged, **state)
+    await second.run()
+    assert output(tmp_path / "out.jsonl") == expected(20, 1000)
+    adopted = f"checkpoint {newest} was complete: its metadata takes its name"
+    assert (adopted in caplog.text) == (not lost)
+    assert (f"checkpoint {newest} was not complete" in caplog.text) == lost
+    assert manifests[0]["materialized"] and manifests[0]["reason"] == "restored"
+    assert manifests[0]["chain"] != older["chain"]
 
 
 async def test_delayed_messages_survive_a_crash(tmp_path: Path) -> None:

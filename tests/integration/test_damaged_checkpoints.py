@@ -26,6 +26,7 @@ import pytest
 from statefun._exceptions import CheckpointDamagedError, JobFailedError
 from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
+from statefun.checkpoint.storage import CheckpointStorage
 from statefun.egress.file import FileSink
 from statefun.ingress._wal import WriteAheadLog
 from statefun.ingress.base import IngressContext
@@ -81,6 +82,9 @@ async def crash_after(tmp: Path, backend: str, checkpoint_id: int) -> None:
     )
     with pytest.raises(JobFailedError, match="crash after checkpoint"):
         await asyncio.wait_for(job.run(), timeout=60)
+    # What a restart does first: a complete checkpoint whose metadata kept its temporary name
+    # (the crash came before the rename) is verified whole and takes its name.
+    CheckpointStorage(tmp / "checkpoints").prepare()
     assert (folder(tmp, checkpoint_id) / "_metadata").is_file()
 
 
@@ -161,7 +165,31 @@ async def test_memory_backend_falls_back_past_a_damaged_newest_checkpoint(
     assert output(tmp_path / "out.jsonl") == expected(IDS, PER_ID)
 
 
+def own_tail(newest: Path, older: Path) -> tuple[Path, int, int]:
+    """The chain's changelog file in checkpoint ``newest`` and the range of its bytes that
+    only ``newest`` holds: ``older`` (the checkpoint before) holds a prefix of the same file,
+    later checkpoints append to it."""
+    log = json.loads((newest / "_metadata").read_text())["state"]["log"]
+    before = json.loads((older / "_metadata").read_text())["state"]["log"]
+    start = before["size"] if before is not None and before["name"] == log["name"] else 0
+    assert log["size"] > start
+    return newest / "state" / log["name"], start, log["size"]
+
+
+def truncate_tail(path: Path, start: int, end: int) -> None:
+    os.truncate(path, (start + end) // 2)
+
+
+def flip_tail(path: Path, start: int, end: int) -> None:
+    with path.open("r+b") as file:
+        file.seek((start + end) // 2)
+        byte = file.read(1)
+        file.seek((start + end) // 2)
+        file.write(bytes([byte[0] ^ 0x20]))
+
+
 ROCKSDB: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    # the changelog: only the newest checkpoint's own bytes (the tail); see own_tail
     "truncated-delta": ("delta-*.msgpack", truncate, r"\d+ bytes, \d+ expected"),
     "flipped-delta": ("delta-*.msgpack", flip, "checksum mismatch"),
     "deleted-delta": ("delta-*.msgpack", delete, "missing"),
@@ -178,15 +206,20 @@ async def test_rocksdb_backend_falls_back_past_a_damaged_newest_checkpoint(
     await crash_after(tmp_path, "rocksdb", CRASH_AFTER)
     newest = folder(tmp_path, CRASH_AFTER)
     manifest = json.loads((newest / "_metadata").read_text())["state"]
-    assert not manifest["materialized"] and manifest["deltas"]  # a chain: linked files + delta
+    assert not manifest["materialized"] and manifest["log"]  # a chain: linked files + delta
     pattern, how, why = ROCKSDB[damage]
     if pattern.startswith("../"):
         target = newest / pattern[3:]
+        how(target)
     elif how is delete:  # removing a linked name leaves the other checkpoints' links
         target = sorted((newest / "state").glob(pattern))[-1]
+        how(target)
+    elif pattern.startswith("delta-"):
+        target, start, end = own_tail(newest, folder(tmp_path, CRASH_AFTER - 1))
+        (truncate_tail if how is truncate else flip_tail)(target, start, end)
     else:
         target = own_file(newest / "state", pattern)
-    how(target)
+        how(target)
     caplog.set_level(logging.INFO)
     await job_for(tmp_path, "rocksdb").run()
     assert_fell_back(caplog, str(target.relative_to(newest)), why)
@@ -358,12 +391,14 @@ async def test_a_half_restored_checkpoint_is_undone_before_the_older_one(
     newest = folder(tmp_path, CRASH_AFTER)
     strip_checksums(newest / "_metadata")
     if backend == "memory":
-        target = newest / "state" / "state.msgpack"
-    else:
-        target = own_file(newest / "state", "delta-*.msgpack")
+        target, start = newest / "state" / "state.msgpack", 0
+    else:  # the newest checkpoint's own bytes of the chain's changelog
+        target, start, _ = own_tail(newest, folder(tmp_path, CRASH_AFTER - 1))
     data = target.read_bytes()  # the last third spoiled (0xc1: no msgpack value), same size
-    cut = len(data) * 2 // 3
-    target.write_bytes(data[:cut] + b"\xc1" * (len(data) - cut))
+    cut = start + (len(data) - start) * 2 // 3
+    with target.open("r+b") as file:  # in place: other checkpoints link the changelog
+        file.seek(cut)
+        file.write(b"\xc1" * (len(data) - cut))
     caplog.set_level(logging.INFO)
     await job_for(tmp_path, backend).run()
     assert_fell_back(caplog, str(target.relative_to(newest)), "does not decode")

@@ -264,14 +264,19 @@ async def test_a_held_reply_survives_a_crash_after_its_checkpoint(tmp_path: Path
     await running
 
 
-async def test_a_call_lost_before_its_checkpoint_is_processed_on_retry(tmp_path: Path) -> None:
-    """(c) the process dies before the checkpoint covering a call completes: that execution
-    does not count, and the retry is processed (once)."""
+@pytest.mark.parametrize("step", ["cut", "written"])
+async def test_a_call_lost_before_its_checkpoint_is_processed_on_retry(
+    tmp_path: Path, step: str
+) -> None:
+    """(c) the process dies before the checkpoint covering a call completes (at its cut):
+    that execution does not count, and the retry is processed (once). Dying after the
+    checkpoint's round of fsyncs ("written") comes after it completed, before its reply was
+    sent: the restart adopts it, and the retry gets that execution's reply as a repeat."""
     job, source = idempotent_job(tmp_path, checkpoints=True)
     crash_now = asyncio.Event()
 
     def hook(name: str, checkpoint_id: int) -> None:
-        if name == "written" and crash_now.is_set():
+        if name == step and crash_now.is_set():
             raise SimulatedCrash("crash before the checkpoint completes")
 
     job.checkpoint_hook = hook
@@ -285,8 +290,9 @@ async def test_a_call_lost_before_its_checkpoint_is_processed_on_retry(tmp_path:
         await running
     job, source = idempotent_job(tmp_path, checkpoints=True)
     running, url = await started(job, source)
+    completed = step == "written"
     async with session() as http:
-        assert await post(http, f"{url}/call/test/counter/d", key="d-2") == (200, "2", False)
+        assert await post(http, f"{url}/call/test/counter/d", key="d-2") == (200, "2", completed)
         assert await post(http, f"{url}/call/test/counter/d", key="d-2") == (200, "2", True)
         assert await post(http, f"{url}/call/test/counter/d", key="d-1") == (200, "1", True)
     job.stop()

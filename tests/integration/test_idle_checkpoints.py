@@ -87,6 +87,9 @@ async def test_output_is_committed_once_the_job_is_idle(tmp_path: Path) -> None:
     job = make_job(tmp_path, Feed(counters(300)))
     task = asyncio.create_task(job.run())
     await until(lambda: len(lines(tmp_path / "out.jsonl")) == 300)
+    # (the output is visible from the egress's commit on, a few steps before the checkpoint
+    # records its figures)
+    await until(lambda: job.checkpoints is not None and job.checkpoints.last_cpu_ms > 0)
     status = AdminServer(job, 0).status()["checkpoints"]
     assert status["completed"] >= 1
     # (the status rounds to 0.01 ms: a small checkpoint's CPU time may show as 0.0 there)

@@ -12,11 +12,14 @@ import uuid
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from statefun._checksums import file_sum
 from statefun.sdk._types import TypedValue
+from statefun.state._changelog import write_delta
+from statefun.state._codec import encode_key, encode_values
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state._registry import create_backend
@@ -361,7 +364,7 @@ def test_rocksdb_materializations_share_sst_files(tmp_path: Path) -> None:
     assert copied_sst_bytes(three) < copied_sst_bytes(one) / 10
     assert [m["materialized"] for m in (one, two, three)] == [True, True, True]
     assert [m["reason"] for m in (one, two, three)] == ["first", "count", "count"]
-    assert two["deltas"] == three["deltas"] == []
+    assert two["log"] is None and three["log"] is None
     names = {f["name"] for f in two["files"]}
     assert names == {p.name for p in (tmp_path / "chk-2").iterdir()}
 
@@ -459,19 +462,26 @@ def test_rocksdb_changelog_chain_restores_every_cut(tmp_path: Path) -> None:
     manifests = [m for _, m, _ in cuts]
     assert [m["materialized"] for m in manifests] == [i % 4 == 0 for i in range(10)]
     assert [m["reason"] for m in manifests[::4]] == ["first", "count", "count"]
-    assert [len(m["deltas"]) for m in manifests] == [0, 1, 2, 3] * 2 + [0, 1]
+    assert [m["log"] and m["log"]["deltas"] for m in manifests] == [None, 1, 2, 3] * 2 + [None, 1]
     for i, manifest in enumerate(manifests):
         assert json.loads(json.dumps(manifest)) == manifest
         base = manifests[i - i % 4]
         assert manifest["files"] == [{**f, "reused": True} for f in base["files"]] or i % 4 == 0
-        if i % 4:  # a delta: one new file, the rest hard-linked from the previous folder
+        if i % 4:  # a delta appended to the chain's one changelog file, the rest hard-linked
             assert manifest["copied_files"] == 1
-            assert manifest["deltas"][:-1] == manifests[i - 1]["deltas"]
+            log, before = manifest["log"], manifests[i - 1]["log"]
+            if before is not None:
+                assert log["name"] == before["name"] and log["size"] > before["size"]
+                assert manifest["copied_bytes"] == log["size"] - before["size"]
+            assert manifest["checksums"][log["name"]] == [log["size"], ANY, "prefix"]
             folder = cuts[i][0]
             assert {p.name for p in folder.iterdir()} == {
                 *(f["name"] for f in manifest["files"]),
-                *(d["name"] for d in manifest["deltas"]),
+                log["name"],
             }
+            # one inode: the earlier checkpoints hold a prefix of what the later ones do
+            sharing = [m for m in manifests if m["log"] and m["log"]["name"] == log["name"]]
+            assert (folder / log["name"]).stat().st_nlink == len(sharing)
 
     for folder, manifest, at_cut in cuts:
         assert restored_dump(tmp_path, "rocksdb", folder, manifest) == expect(at_cut)
@@ -539,7 +549,7 @@ def test_rocksdb_released_unwritten_snapshot_is_in_the_next_delta(
         change(backend, model, rng, 2, 50)
         two = checkpoint(backend, tmp_path / "two", tmp_path / "one")
         assert not two["materialized"]
-        assert len(two["deltas"]) == 1
+        assert two["log"]["deltas"] == 1
         assert dump(backend) == expect(model)
     finally:
         backend.close()
@@ -588,7 +598,7 @@ def test_rocksdb_materializes_when_the_chain_cannot_go_on(tmp_path: Path) -> Non
         # Nothing changed since: no new delta, the chain as it was.
         assert not take("k", "j")["materialized"]
         unchanged = checkpoint(backend, tmp_path / "l", tmp_path / "k")
-        assert unchanged["deltas"] == manifests["k"]["deltas"]
+        assert unchanged["log"] == manifests["k"]["log"]
         assert unchanged["copied_files"] == 0
     finally:
         backend.close()
@@ -636,16 +646,42 @@ def test_rocksdb_rejects_unknown_formats(tmp_path: Path) -> None:
     try:
         fill(backend, 10)
         manifest = checkpoint(backend, tmp_path / "chk", None)
-        assert manifest["format"] == 2
+        assert manifest["format"] == 3
         for kind in ("rocksdb", "memory"):
             with pytest.raises(ValueError, match="format 99 is not supported"):
                 restored_dump(tmp_path, kind, tmp_path / "chk", {**manifest, "format": 99})
         # Format 1 (before deltas) is still read.
         old = {**manifest, "format": 1}
-        del old["deltas"]
+        del old["log"]
         assert restored_dump(tmp_path, "rocksdb", tmp_path / "chk", old) == dump(backend)
     finally:
         backend.close()
+
+
+@needs_rocksdb
+def test_rocksdb_reads_format_2_one_file_per_delta(tmp_path: Path) -> None:
+    """Checkpoints written before the chain's changelog was one file still restore."""
+    backend = changelog_backend(tmp_path / "db")
+    try:
+        fill(backend, 10)
+        manifest = checkpoint(backend, tmp_path / "chk", None)
+        assert manifest["materialized"]
+    finally:
+        backend.close()
+    model = MemoryStateBackend()
+    fill(model, 10)
+    fill(model, 5, tag=b"later")
+    expected = dump(model)
+    changes = {
+        encode_key(i % 8, ("ns/fn", f"id-{i}")): encode_values({"x": tv(b"later%d" % i)})
+        for i in range(5)
+    }
+    name = f"delta-{manifest['chain']}-000001.msgpack"
+    size, _ = write_delta(tmp_path / "chk" / name, changes)
+    old = {**manifest, "format": 2, "deltas": [{"name": name, "size": size}]}
+    del old["log"]
+    for kind in ("rocksdb", "memory"):
+        assert restored_dump(tmp_path, kind, tmp_path / "chk", old) == expected
 
 
 @needs_rocksdb
@@ -708,10 +744,13 @@ def test_memory_snapshot_is_copy_on_write(tmp_path: Path) -> None:
 
 
 def assert_checksums_match(directory: Path, manifest: dict[str, Any]) -> None:
-    """The manifest lists every file of ``directory`` with its size and CRC-32C."""
+    """The manifest lists every file of ``directory`` with its size and CRC-32C (of its first
+    ``size`` bytes where the entry says ``prefix``: a file later checkpoints append to)."""
     assert set(manifest["checksums"]) == {p.name for p in directory.iterdir()}
-    for name, (size, crc) in manifest["checksums"].items():
-        assert file_sum(directory / name) == (size, crc), name
+    for name, (size, crc, *prefix) in manifest["checksums"].items():
+        assert prefix in ([], ["prefix"]), name
+        limit = size if prefix else None
+        assert file_sum(directory / name, limit) == (size, crc), name
 
 
 def test_every_written_file_has_its_checksum(make: Make, tmp_path: Path) -> None:
