@@ -9,6 +9,7 @@ from statefun._exceptions import InvalidValueError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
     _SLOW,
+    _VALID_TYPENAMES,
     BoolType,
     DoubleType,
     FloatType,
@@ -189,13 +190,17 @@ def message_builder(target_typename: str, target_id: str, **kwargs: Any) -> Mess
 
 def egress_message_builder(target_typename: str, value: Any, value_type: Type) -> EgressMessage:
     """Build a record for the egress ``target_typename`` from a value of ``value_type``."""
-    if not target_typename:
-        raise ValueError("target typename is missing")
-    validate_typename(target_typename, "egress typename")
+    if type(target_typename) is not str or target_typename not in _VALID_TYPENAMES:
+        if not target_typename:
+            raise ValueError("target typename is missing")
+        validate_typename(target_typename, "egress typename")
     if value is None:
         raise ValueError("value can not be missing")
-    if not isinstance(value_type, Type):
-        raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+    if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
+        if not isinstance(value_type, Type):
+            raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+        if len(_TYPE_CLASSES) < 256:
+            _TYPE_CLASSES.add(type(value_type))
     record = _new_egress_message(EgressMessage)  # its fields are checked above
     record.typename = target_typename
     record.typed_value = TypedValue(value_type.typename, value_type.serializer().serialize(value))
@@ -203,6 +208,8 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
 
 
 _new_egress_message = object.__new__
+#: classes whose instances were found to be a ``Type`` (a program uses a few; bounded)
+_TYPE_CLASSES: set[type] = set()
 
 
 def _value_bytes(value: Any, value_type: Type | None, allow_numbers: bool) -> bytes:

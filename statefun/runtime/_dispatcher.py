@@ -52,10 +52,9 @@ from statefun._exceptions import (
     StateWriteRejectedError,
     TerminalFunctionError,
 )
+from statefun.runtime._batch import InboxEntry, InboxSlices, scheduled, with_deadlines
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import (
-    TTL_AFTER_CALL,
-    TTL_AFTER_WRITE,
     EmbeddedFunction,
     RemoteFunction,
     StateSpec,
@@ -85,21 +84,6 @@ log = logging.getLogger(__name__)
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 _MAX_SPEC_ROUNDS = 3
-
-
-def _with_deadlines(
-    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
-) -> dict[str, Any]:
-    """Set the expiration of each TTL state: after a write, or after any call."""
-    for name, spec in specs.items():
-        value = values.get(name)
-        if value is None or not spec.ttl_mode:
-            continue
-        if spec.ttl_mode == TTL_AFTER_CALL or (
-            spec.ttl_mode == TTL_AFTER_WRITE and name in written
-        ):
-            values[name] = ExpiringValue(value, now + spec.ttl_ms)
-    return values
 
 
 class _Held:
@@ -171,14 +155,14 @@ class DispatcherJob(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
-class Dispatcher:
+class Dispatcher(InboxSlices):
     """One dispatcher subtask."""
 
     def __init__(self, index: int, job: DispatcherJob) -> None:
         self.index = index
         self.job = job
         self._clock = job.clock  # ms since the epoch: the TTL deadlines
-        self.inbox: deque[tuple[Envelope, int]] = deque()
+        self.inbox: deque[InboxEntry] = deque()
         #: addresses with a batch in flight -> the messages waiting for the next batch
         self.busy: dict[AddressKey, deque[Envelope]] = {}
         #: addresses with a batch in flight -> that batch (its effects are not applied yet)
@@ -198,6 +182,8 @@ class Dispatcher:
         self._sample_mask = FunctionStats.EMBEDDED_SAMPLE - 1 if job.settings.metrics else -1
         #: where invocations are recorded for the admin port's timeline (None: nowhere)
         self._timeline = job.timeline
+        #: function typename -> how the slice loop runs it (``_batch.py``)
+        self._plans: dict[str, Any] = {}
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -211,7 +197,7 @@ class Dispatcher:
             if mailbox is not None:
                 self._wait_in_mailbox(key, mailbox, envelope)
                 return
-        self.inbox.append((envelope, key_group))
+        self.inbox.append((envelope, key_group, key))
         if not self._wake.is_set():
             self._wake.set()
 
@@ -221,7 +207,7 @@ class Dispatcher:
         for key, mailbox in self.busy.items():
             pending.extend(self.in_flight.get(key, ()))
             pending.extend(mailbox)
-        pending.extend(envelope for envelope, _ in self.inbox)
+        pending.extend(entry[0] for entry in self.inbox)
         return pending
 
     def callers_waiting(self, caller_typename: str) -> dict[str, str]:
@@ -238,7 +224,7 @@ class Dispatcher:
                 caller = envelope.caller
                 if caller is not None and caller.typename == caller_typename:
                     where[caller.id] = "its address's mailbox (behind a batch in flight)"
-        for envelope, _ in self.inbox:
+        for envelope, _, _ in self.inbox:
             caller = envelope.caller
             if caller is not None and caller.typename == caller_typename:
                 where[caller.id] = "the dispatcher's inbox"
@@ -251,14 +237,7 @@ class Dispatcher:
             if not inbox:
                 self._wake.clear()
                 await self._wake.wait()
-            done = 0
-            try:
-                while inbox and done < slice_size:
-                    envelope, key_group = inbox.popleft()
-                    done += self._dispatch(envelope, key_group)
-            finally:
-                if done:
-                    self.job.release(done)
+            self._run_slice(inbox, slice_size)  # (_batch.py; releases what it finished)
             await asyncio.sleep(0)
 
     async def drain(self) -> None:
@@ -282,9 +261,8 @@ class Dispatcher:
             address = self._addresses[key] = SdkAddress(namespace, name, id_, typename)
         return address
 
-    def _dispatch(self, envelope: Envelope, key_group: int) -> int:
+    def _dispatch(self, envelope: Envelope, key_group: int, key: AddressKey) -> int:
         """Handle one message; return how many messages finished (0 if it now waits)."""
-        key = (envelope.typename, envelope.id)
         mailbox = self.busy.get(key)
         if mailbox is not None:
             self._wait_in_mailbox(key, mailbox, envelope)
@@ -380,13 +358,13 @@ class Dispatcher:
         if context.messages:
             stats.messages_out += len(context.messages)
         if context.delayed:
-            stats.messages_out += _scheduled(context.delayed)
+            stats.messages_out += scheduled(context.delayed)
         job = self.job
         dirty = context._storage._dirty
         if dirty or function.has_ttl:
             new = {k: v for k, v in values.items() if v is not None}
             if function.has_ttl:
-                new = _with_deadlines(new, function.specs, dirty, now)
+                new = with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
         if self._timeline is not None:
@@ -419,14 +397,26 @@ class Dispatcher:
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
-            if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
-                self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
-                return
-            self._failed_embedded(function, envelope, exc, started)
+            self._embedded_raised(function, envelope, key, key_group, exc, started)
             return
         if began:
             function.stats.latency.observe(perf_counter() - began)
         self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
+
+    def _embedded_raised(
+        self,
+        function: EmbeddedFunction,
+        envelope: Envelope,
+        key: AddressKey,
+        key_group: int,
+        exc: Exception,
+        started: float,
+    ) -> None:
+        """A synchronous embedded invocation raised ``exc`` (nothing of it is applied)."""
+        if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
+            self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
+            return
+        self._failed_embedded(function, envelope, exc, started)
 
     # -- one batch in flight per address -------------------------------------------------------
 
@@ -812,16 +802,11 @@ class Dispatcher:
             written.append(name)
         if written or function.has_ttl:
             if function.has_ttl:
-                values = _with_deadlines(values, function.specs, written, now)
+                values = with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
         if messages or delayed:
-            function.stats.messages_out += len(messages) + _scheduled(delayed)
+            function.stats.messages_out += len(messages) + scheduled(delayed)
         return functools.partial(
             self._emit, key, self._address(key), messages, delayed, egress.items()
         )
-
-
-def _scheduled(delayed: list[DelayedMessage]) -> int:
-    """Delayed messages sent, without the cancellations among them (not messages)."""
-    return sum(1 for entry in delayed if entry.message is not None)
