@@ -102,7 +102,6 @@ class InboxSlices:
     dispatcher's own fields, declared here, and calls its per-message path)."""
 
     job: DispatcherJob
-    busy: dict[AddressKey, deque[Envelope]]
     _addresses: dict[AddressKey, SdkAddress]
     _timeline: Timeline | None
     _sample_mask: int
@@ -162,7 +161,6 @@ class InboxSlices:
         ``SLICE_SECONDS`` passed), and release them; how many finished."""
         job = self.job
         plans = self._plans
-        busy = self.busy
         addresses = self._addresses
         state = job.state
         get, put = state.get, state.put
@@ -179,12 +177,17 @@ class InboxSlices:
         tick = 0
         done = 0
 
+        last_egress: str | None = None  # the egress id of ``records``, the list appended to
+        records: list[Any] = []
+
         def flush() -> None:
+            nonlocal last_egress
             if gathered:
                 egress = job.egress
-                for egress_id, records in gathered.items():
-                    egress(egress_id, records)
+                for egress_id, values in gathered.items():
+                    egress(egress_id, values)
                 gathered.clear()
+                last_egress = None
 
         try:
             while inbox and done < limit:
@@ -198,7 +201,7 @@ class InboxSlices:
                 plan = plans.get(typename)
                 if plan is None:
                     plan = self._plan(typename)
-                if plan is _ELSEWHERE or (busy and key in busy):
+                if plan is _ELSEWHERE:  # (a synchronous function's address is never busy)
                     flush()
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
@@ -256,9 +259,12 @@ class InboxSlices:
                         stats.messages_out += scheduled(delayed)
                     self._emit(key, address, messages, delayed, ())
                 for record in context.egress:
-                    records = gathered.get(record.typename)
-                    if records is None:
-                        records = gathered[record.typename] = []
+                    egress_id = record.typename
+                    if egress_id is not last_egress:  # (one egress id, mostly)
+                        last_egress = egress_id
+                        records = gathered.get(egress_id)
+                        if records is None:
+                            records = gathered[egress_id] = []
                     records.append(record.typed_value)
                 done += 1
         finally:
