@@ -262,9 +262,10 @@ class InboxSlices:
                     egress_id = record.typename
                     if egress_id is not last_egress:  # (one egress id, mostly)
                         last_egress = egress_id
-                        records = gathered.get(egress_id)
-                        if records is None:
-                            records = gathered[egress_id] = []
+                        found = gathered.get(egress_id)
+                        if found is None:
+                            found = gathered[egress_id] = []
+                        records = found
                     records.append(record.typed_value)
                 done += 1
         finally:
