@@ -6,6 +6,9 @@ address's mailbox (the order is the same: nothing waits before it).
 
 * An embedded synchronous function is called at once, in inbox order: that is already one
   invocation at a time per address, with no protobuf and no copy of state beyond a small dict.
+  A slice of the inbox runs such invocations in one loop (``_batch.py``, a base class of
+  ``Dispatcher``); the rest of the slice, and every invocation while a timeline is kept, comes
+  here (``_dispatch``, ``_invoke_embedded``).
 * A remote function (and an embedded async one) has at most one batch in flight per address.
   Messages that arrive meanwhile wait in the address's mailbox and form the next batch, up to
   the endpoint's ``maxNumBatchRequests``. All registered state of the address goes with each
@@ -25,10 +28,11 @@ waited for in between, so a checkpoint cut sees all of a batch's results or none
 Where results are applied (and where an invocation fails) each invocation goes to the job's
 timeline (``_timeline.py``) when it keeps one: a few references, nothing formatted.
 
-The job is seen through ``DispatcherJob`` (below). The module stays whole (about 800 lines):
-intake, mailboxes, the embedded and the remote invocation and applying their results share
-one subtask's mailbox state and form the runtime's hot loop; split into modules, each step
-would reach into another object's fields or pay a call more per message. TTL and the state
+The job is seen through ``DispatcherJob`` (below). The module stays whole but for the slice
+loop (about 800 lines): intake, mailboxes, the embedded and the remote invocation and applying
+their results share one subtask's mailbox state; split into objects, each step would reach
+into another object's fields or pay a call more per message (the slice loop is a base class
+for that reason). TTL and the state
 codec live in ``state/_expiring.py``; encoding and decoding the protocol in ``_remote.py``.
 """
 
