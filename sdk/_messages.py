@@ -19,6 +19,7 @@ from statefun.sdk._types import (
     Type,
     TypedValue,
     _decode_int,
+    _WrapperType,
     validate_typename,
 )
 
@@ -201,13 +202,26 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
             raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
         if len(_TYPE_CLASSES) < 256:
             _TYPE_CLASSES.add(type(value_type))
-    record = _new_egress_message(EgressMessage)  # its fields are checked above
+    record = _new_object(EgressMessage)  # its fields are checked above
     record.typename = target_typename
-    record.typed_value = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+    if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
+        serializer = value_type._serializer
+        data = serializer._encode(value)
+        if data is None:
+            data = serializer.serialize(value)
+    else:
+        data = value_type.serializer().serialize(value)
+    if data is None:  # (a serializer of the user's that gives no bytes: as TypedValue does)
+        record.typed_value = TypedValue(value_type.typename, None)
+    else:
+        typed = record.typed_value = _new_object(TypedValue)
+        typed.typename = value_type.typename
+        typed.has_value = True
+        typed.value = data
     return record
 
 
-_new_egress_message = object.__new__
+_new_object = object.__new__
 #: classes whose instances were found to be a ``Type`` (a program uses a few; bounded)
 _TYPE_CLASSES: set[type] = set()
 

@@ -29,6 +29,7 @@ from statefun.sdk._types import (
 __all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
 
 _MISSING: Any = object()
+_new_object = object.__new__
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -116,7 +117,13 @@ def _make_property(spec: ValueSpec) -> property:
         data = encode(value)
         if data is None and wrapped:
             data = serialize(value)
-        self._values[name] = TypedValue(typename, data)
+        if data is None:  # (a serializer of the user's that gives no bytes)
+            self._values[name] = TypedValue(typename, None)
+        else:  # TypedValue(typename, data) without its __init__'s call
+            typed = self._values[name] = _new_object(TypedValue)
+            typed.typename = typename
+            typed.has_value = True
+            typed.value = data
         if type(value) is reads_back_as:
             self._cache[name] = value
         else:
