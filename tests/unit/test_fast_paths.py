@@ -43,6 +43,14 @@ def test_int_encoding_is_protobufs(value: int) -> None:
     )
 
 
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_long_encoding_is_protobufs(value: int) -> None:
+    assert (
+        LongType.serializer().serialize(value)
+        == types_pb2.LongWrapper(value=value).SerializeToString()
+    )
+
+
 @given(st.integers().filter(lambda v: not -(2**31) <= v < 2**31))
 def test_int_out_of_range_still_refused(value: int) -> None:
     with pytest.raises(ValueError, match="32-bit"):
