@@ -173,6 +173,7 @@ class InboxSlices:
         # of messages to one address reads them once (reset whenever other code runs)
         last_key: AddressKey | None = None
         last_values: Any = None
+        address: Any = None
         deadline = perf_counter() + SLICE_SECONDS
         tick = 0
         done = 0
@@ -207,16 +208,19 @@ class InboxSlices:
                     done += self._dispatch(envelope, key_group, key)
                     continue
                 # -- prepare: the values (a copy), the storage and the context
-                stored = last_values if key == last_key else get(key_group, key)
+                if key == last_key:
+                    stored = last_values  # (and its address is still ``address``)
+                else:
+                    stored = get(key_group, key)
+                    address = addresses.get(key)
+                    if address is None:
+                        address = self._address(key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
                 else:
                     now = 0
                     values = dict(stored) if stored else {}
-                address = addresses.get(key)
-                if address is None:
-                    address = self._address(key)
                 storage = plan.storage_class(typename, values)
                 context = InvocationContext(address, storage)
                 context._caller = envelope.caller
