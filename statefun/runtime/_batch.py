@@ -256,7 +256,9 @@ class InboxSlices:
                 messages = context.messages
                 delayed = context.delayed
                 if messages or delayed:
-                    flush()  # (the feedback channel may write to a sink: a clustered worker's)
+                    # the records so far reach the sinks first: whatever a send sets off (a
+                    # reply released, a clustered worker's exchange) sees them there
+                    flush()
                     if messages:
                         stats.messages_out += len(messages)
                     if delayed:
