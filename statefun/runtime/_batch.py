@@ -203,7 +203,8 @@ class InboxSlices:
                 if plan is None:
                     plan = self._plan(typename)
                 if plan is _ELSEWHERE:  # (a synchronous function's address is never busy)
-                    flush()
+                    if gathered:
+                        flush()
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
                     continue
@@ -230,7 +231,8 @@ class InboxSlices:
                 try:
                     plan.fun(context, Message(typename, key[1], envelope.value))
                 except Exception as exc:
-                    flush()
+                    if gathered:
+                        flush()
                     last_key = None
                     self._embedded_raised(plan.function, envelope, key, key_group, exc, 0.0)
                     done += 1
@@ -258,7 +260,8 @@ class InboxSlices:
                 if messages or delayed:
                     # the records so far reach the sinks first: whatever a send sets off (a
                     # reply released, a clustered worker's exchange) sees them there
-                    flush()
+                    if gathered:
+                        flush()
                     if messages:
                         stats.messages_out += len(messages)
                     if delayed:
