@@ -9,6 +9,7 @@ from statefun._exceptions import InvalidValueError
 from statefun.sdk._proto import egress_pb2
 from statefun.sdk._types import (
     _SLOW,
+    _VALID_TYPENAMES,
     BoolType,
     DoubleType,
     FloatType,
@@ -18,6 +19,7 @@ from statefun.sdk._types import (
     Type,
     TypedValue,
     _decode_int,
+    _WrapperType,
     validate_typename,
 )
 
@@ -189,20 +191,39 @@ def message_builder(target_typename: str, target_id: str, **kwargs: Any) -> Mess
 
 def egress_message_builder(target_typename: str, value: Any, value_type: Type) -> EgressMessage:
     """Build a record for the egress ``target_typename`` from a value of ``value_type``."""
-    if not target_typename:
-        raise ValueError("target typename is missing")
-    validate_typename(target_typename, "egress typename")
+    if type(target_typename) is not str or target_typename not in _VALID_TYPENAMES:
+        if not target_typename:
+            raise ValueError("target typename is missing")
+        validate_typename(target_typename, "egress typename")
     if value is None:
         raise ValueError("value can not be missing")
-    if not isinstance(value_type, Type):
-        raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
-    record = _new_egress_message(EgressMessage)  # its fields are checked above
+    if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
+        if not isinstance(value_type, Type):
+            raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+        if len(_TYPE_CLASSES) < 256:
+            _TYPE_CLASSES.add(type(value_type))
+    record = _new_object(EgressMessage)  # its fields are checked above
     record.typename = target_typename
-    record.typed_value = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+    if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
+        serializer = value_type._serializer
+        data = serializer._encode(value)
+        if data is None:
+            data = serializer.serialize(value)
+    else:
+        data = value_type.serializer().serialize(value)
+    if data is None:  # (a serializer of the user's that gives no bytes: as TypedValue does)
+        record.typed_value = TypedValue(value_type.typename, None)
+    else:
+        typed = record.typed_value = _new_object(TypedValue)
+        typed.typename = value_type.typename
+        typed.has_value = True
+        typed.value = data
     return record
 
 
-_new_egress_message = object.__new__
+_new_object = object.__new__
+#: classes whose instances were found to be a ``Type`` (a program uses a few; bounded)
+_TYPE_CLASSES: set[type] = set()
 
 
 def _value_bytes(value: Any, value_type: Type | None, allow_numbers: bool) -> bytes:

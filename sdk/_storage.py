@@ -15,6 +15,7 @@ from typing import Any
 from statefun._exceptions import InvalidSpecError, StateTypeMismatchError, ValueDecodeError
 from statefun.sdk._spec import ValueSpec
 from statefun.sdk._types import (
+    _SLOW,
     IMMUTABLE_TYPES,
     BoolType,
     IntType,
@@ -22,11 +23,13 @@ from statefun.sdk._types import (
     StringType,
     Type,
     TypedValue,
+    _WrapperSerializer,
 )
 
 __all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
 
 _MISSING: Any = object()
+_new_object = object.__new__
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -73,6 +76,11 @@ def _make_property(spec: ValueSpec) -> property:
     serializer = spec.type.serializer()
     serialize = serializer.serialize
     deserialize = serializer.deserialize
+    # A built-in wrapper type's own encoder and decoder, without the serializer's call in
+    # between: None (encode) and _SLOW (decode) leave a value to the serializer.
+    wrapped = type(serializer) is _WrapperSerializer
+    encode = serializer._encode if wrapped else serialize  # type: ignore[attr-defined]
+    decode = serializer._decode if wrapped else deserialize  # type: ignore[attr-defined]
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
 
@@ -90,7 +98,9 @@ def _make_property(spec: ValueSpec) -> property:
             )
         else:
             try:
-                value = deserialize(typed.value)
+                value = decode(typed.value)
+                if value is _SLOW:
+                    value = deserialize(typed.value)
             except Exception as exc:
                 raise ValueDecodeError(
                     f"state {name!r} of {self._typename!r} holds {len(typed.value)} bytes that "
@@ -104,7 +114,16 @@ def _make_property(spec: ValueSpec) -> property:
     def fset(self: AddressStorage, value: Any) -> None:
         if value is None:
             raise ValueError(f"state {name!r}: cannot store None; use `del context.storage.{name}`")
-        self._values[name] = TypedValue(typename, serialize(value))
+        data = encode(value)
+        if data is None and wrapped:
+            data = serialize(value)
+        if data is None:  # (a serializer of the user's that gives no bytes)
+            self._values[name] = TypedValue(typename, None)
+        else:  # TypedValue(typename, data) without its __init__'s call
+            typed = self._values[name] = _new_object(TypedValue)
+            typed.typename = typename
+            typed.has_value = True
+            typed.value = data
         if type(value) is reads_back_as:
             self._cache[name] = value
         else:

@@ -208,9 +208,10 @@ def make_protobuf_type(cls: Any, namespace: str | None = None) -> Type:
 # Built-in types: io.statefun.types/*
 # ------------------------------------------------------------------------------------------
 
-_pack_i32 = struct.Struct("<i").pack
+#: an IntWrapper's bytes in one go: field 1, fixed 32 bits (tag 0x0d), then the value
+_pack_tagged_i32 = struct.Struct("<Bi").pack
 _unpack_i32 = struct.Struct("<i").unpack_from
-_pack_i64 = struct.Struct("<q").pack
+_pack_tagged_i64 = struct.Struct("<Bq").pack  # a LongWrapper's: field 1, fixed 64 bits
 _unpack_i64 = struct.Struct("<q").unpack_from
 
 
@@ -255,13 +256,13 @@ def _check_int(value: Any, bits: int) -> int:
 
 def _encode_int(value: Any) -> bytes | None:
     if type(value) is int and 0 < value <= 0x7FFFFFFF:  # the common case, checks inlined
-        return b"\x0d" + _pack_i32(value)
+        return _pack_tagged_i32(0x0D, value)
     _check_int(value, 32)
     if value == 0:
         return b""
     if not -0x80000000 <= value <= 0x7FFFFFFF:
         raise ValueError(f"{value} does not fit a 32-bit signed integer (io.statefun.types/int)")
-    return b"\x0d" + _pack_i32(value)
+    return _pack_tagged_i32(0x0D, value)
 
 
 def _decode_int(data: bytes) -> Any:
@@ -276,7 +277,7 @@ def _encode_long(value: Any) -> bytes | None:
         return b""
     if not -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
         raise ValueError(f"{value} does not fit a 64-bit signed integer (io.statefun.types/long)")
-    return b"\x09" + _pack_i64(value)
+    return _pack_tagged_i64(0x09, value)
 
 
 def _decode_long(data: bytes) -> Any:

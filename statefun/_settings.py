@@ -76,7 +76,10 @@ class Settings:
         ),
     )
     dispatcher_slice: int = field(
-        default=512, metadata=_doc("messages a dispatcher handles before yielding to the loop")
+        default=512,
+        metadata=_doc(
+            "messages a dispatcher handles before yielding to the loop (at most 5 ms of them)"
+        ),
     )
     remote_max_connections: int = field(
         default=256, metadata=_doc("connections in the pooled HTTP client for remote functions")

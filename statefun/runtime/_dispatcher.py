@@ -6,6 +6,9 @@ address's mailbox (the order is the same: nothing waits before it).
 
 * An embedded synchronous function is called at once, in inbox order: that is already one
   invocation at a time per address, with no protobuf and no copy of state beyond a small dict.
+  A slice of the inbox runs such invocations in one loop (``_batch.py``, a base class of
+  ``Dispatcher``); the rest of the slice, and the invocations of addresses the timeline
+  records, come here (``_dispatch``, ``_invoke_embedded``).
 * A remote function (and an embedded async one) has at most one batch in flight per address.
   Messages that arrive meanwhile wait in the address's mailbox and form the next batch, up to
   the endpoint's ``maxNumBatchRequests``. All registered state of the address goes with each
@@ -26,10 +29,11 @@ Where results are applied (and where an invocation fails) each invocation goes t
 timeline (``_timeline.py``) when it records the address (looked up on the admin port): one
 tuple of references.
 
-The job is seen through ``DispatcherJob`` (below). The module stays whole (about 800 lines):
-intake, mailboxes, the embedded and the remote invocation and applying their results share
-one subtask's mailbox state and form the runtime's hot loop; split into modules, each step
-would reach into another object's fields or pay a call more per message. TTL and the state
+The job is seen through ``DispatcherJob`` (below). The module stays whole but for the slice
+loop (about 800 lines): intake, mailboxes, the embedded and the remote invocation and applying
+their results share one subtask's mailbox state; split into objects, each step would reach
+into another object's fields or pay a call more per message (the slice loop is a base class
+for that reason). TTL and the state
 codec live in ``state/_expiring.py``; encoding and decoding the protocol in ``_remote.py``.
 """
 
@@ -53,10 +57,9 @@ from statefun._exceptions import (
     StateWriteRejectedError,
     TerminalFunctionError,
 )
+from statefun.runtime._batch import InboxEntry, InboxSlices, scheduled, with_deadlines
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import (
-    TTL_AFTER_CALL,
-    TTL_AFTER_WRITE,
     EmbeddedFunction,
     RemoteFunction,
     StateSpec,
@@ -88,21 +91,6 @@ _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 #: the addresses recorded without a timeline: none
 _NONE: frozenset[AddressKey] = frozenset()
 _MAX_SPEC_ROUNDS = 3
-
-
-def _with_deadlines(
-    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
-) -> dict[str, Any]:
-    """Set the expiration of each TTL state: after a write, or after any call."""
-    for name, spec in specs.items():
-        value = values.get(name)
-        if value is None or not spec.ttl_mode:
-            continue
-        if spec.ttl_mode == TTL_AFTER_CALL or (
-            spec.ttl_mode == TTL_AFTER_WRITE and name in written
-        ):
-            values[name] = ExpiringValue(value, now + spec.ttl_ms)
-    return values
 
 
 class _Held:
@@ -174,14 +162,14 @@ class DispatcherJob(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
-class Dispatcher:
+class Dispatcher(InboxSlices):
     """One dispatcher subtask."""
 
     def __init__(self, index: int, job: DispatcherJob) -> None:
         self.index = index
         self.job = job
         self._clock = job.clock  # ms since the epoch: the TTL deadlines
-        self.inbox: deque[tuple[Envelope, int]] = deque()
+        self.inbox: deque[InboxEntry] = deque()
         #: addresses with a batch in flight -> the messages waiting for the next batch
         self.busy: dict[AddressKey, deque[Envelope]] = {}
         #: addresses with a batch in flight -> that batch (its effects are not applied yet)
@@ -206,6 +194,8 @@ class Dispatcher:
             _NONE if job.timeline is None else job.timeline.recorded
         )
         self._record_every = job.timeline is not None and job.timeline.every
+        #: function typename -> how the slice loop runs it (``_batch.py``)
+        self._plans: dict[str, Any] = {}
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -219,7 +209,7 @@ class Dispatcher:
             if mailbox is not None:
                 self._wait_in_mailbox(key, mailbox, envelope)
                 return
-        self.inbox.append((envelope, key_group))
+        self.inbox.append((envelope, key_group, key))
         if not self._wake.is_set():
             self._wake.set()
 
@@ -229,7 +219,7 @@ class Dispatcher:
         for key, mailbox in self.busy.items():
             pending.extend(self.in_flight.get(key, ()))
             pending.extend(mailbox)
-        pending.extend(envelope for envelope, _ in self.inbox)
+        pending.extend(entry[0] for entry in self.inbox)
         return pending
 
     def callers_waiting(self, caller_typename: str) -> dict[str, str]:
@@ -246,7 +236,7 @@ class Dispatcher:
                 caller = envelope.caller
                 if caller is not None and caller.typename == caller_typename:
                     where[caller.id] = "its address's mailbox (behind a batch in flight)"
-        for envelope, _ in self.inbox:
+        for envelope, _, _ in self.inbox:
             caller = envelope.caller
             if caller is not None and caller.typename == caller_typename:
                 where[caller.id] = "the dispatcher's inbox"
@@ -259,14 +249,7 @@ class Dispatcher:
             if not inbox:
                 self._wake.clear()
                 await self._wake.wait()
-            done = 0
-            try:
-                while inbox and done < slice_size:
-                    envelope, key_group = inbox.popleft()
-                    done += self._dispatch(envelope, key_group)
-            finally:
-                if done:
-                    self.job.release(done)
+            self._run_slice(inbox, slice_size)  # (_batch.py; releases what it finished)
             await asyncio.sleep(0)
 
     async def drain(self) -> None:
@@ -296,9 +279,8 @@ class Dispatcher:
         if self._timeline is not None and (self._record_every or key in self._recorded):
             self._timeline.record(key, started, envelope, context)
 
-    def _dispatch(self, envelope: Envelope, key_group: int) -> int:
+    def _dispatch(self, envelope: Envelope, key_group: int, key: AddressKey) -> int:
         """Handle one message; return how many messages finished (0 if it now waits)."""
-        key = (envelope.typename, envelope.id)
         mailbox = self.busy.get(key)
         if mailbox is not None:
             self._wait_in_mailbox(key, mailbox, envelope)
@@ -394,13 +376,13 @@ class Dispatcher:
         if context.messages:
             stats.messages_out += len(context.messages)
         if context.delayed:
-            stats.messages_out += _scheduled(context.delayed)
+            stats.messages_out += scheduled(context.delayed)
         job = self.job
         dirty = context._storage._dirty
         if dirty or function.has_ttl:
             new = {k: v for k, v in values.items() if v is not None}
             if function.has_ttl:
-                new = _with_deadlines(new, function.specs, dirty, now)
+                new = with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
             job.state_types.add(key[0])
         if started:  # the admin port's timeline records this address: references only
@@ -423,14 +405,26 @@ class Dispatcher:
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
         except Exception as exc:
-            if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
-                self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
-                return
-            self._failed_embedded(function, envelope, exc, started)
+            self._embedded_raised(function, envelope, key, key_group, exc, started)
             return
         if began:
             function.stats.latency.observe(perf_counter() - began)
         self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
+
+    def _embedded_raised(
+        self,
+        function: EmbeddedFunction,
+        envelope: Envelope,
+        key: AddressKey,
+        key_group: int,
+        exc: Exception,
+        started: float,
+    ) -> None:
+        """A synchronous embedded invocation raised ``exc`` (nothing of it is applied)."""
+        if type(exc) is StateTypeMismatchError and self._moved_out(function, key, key_group):
+            self._invoke_embedded(function, envelope, key, key_group)  # (once: none left)
+            return
+        self._failed_embedded(function, envelope, exc, started)
 
     # -- one batch in flight per address -------------------------------------------------------
 
@@ -814,16 +808,11 @@ class Dispatcher:
             written.append(name)
         if written or function.has_ttl:
             if function.has_ttl:
-                values = _with_deadlines(values, function.specs, written, now)
+                values = with_deadlines(values, function.specs, written, now)
             self.job.state.put(key_group, key, values)
             self.job.state_types.add(key[0])
         if messages or delayed:
-            function.stats.messages_out += len(messages) + _scheduled(delayed)
+            function.stats.messages_out += len(messages) + scheduled(delayed)
         return functools.partial(
             self._emit, key, self._address(key), messages, delayed, egress.items()
         )
-
-
-def _scheduled(delayed: list[DelayedMessage]) -> int:
-    """Delayed messages sent, without the cancellations among them (not messages)."""
-    return sum(1 for entry in delayed if entry.message is not None)

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statefun._exceptions import FunctionFailedError, InvalidSpecError, UnknownFunctionError
-from statefun.runtime._dispatcher import _with_deadlines
+from statefun.runtime._batch import with_deadlines as _with_deadlines
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import StateSpec
 from statefun.runtime._timers import TimerService

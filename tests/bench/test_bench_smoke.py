@@ -60,6 +60,11 @@ def test_hot_paths() -> None:
     smoke("hot_paths.py", timeout=60)
 
 
+def test_embedded_dispatch() -> None:
+    out = smoke("embedded_dispatch.py", timeout=60)
+    assert "| one key | slice loop |" in out, out
+
+
 def test_state_snapshot() -> None:
     smoke("state_snapshot.py", *BACKENDS, timeout=60)
 

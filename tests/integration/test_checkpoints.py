@@ -230,7 +230,7 @@ async def test_a_batch_is_in_flight_from_the_moment_it_is_dispatched() -> None:
     job = Job(ModuleSpec(endpoints=(endpoint,)), Settings())
     value = TypedValue(StringType.typename, StringType.serializer().serialize("x"))
     dispatcher = job.dispatchers[0]
-    dispatcher._dispatch(Envelope("test/counter", "a", value, None), 0)
+    dispatcher._dispatch(Envelope("test/counter", "a", value, None), 0, ("test/counter", "a"))
     try:
         (held,) = job.messages_in_flight()  # synchronously: the task has not run yet
         assert (held.typename, held.id) == ("test/counter", "a")

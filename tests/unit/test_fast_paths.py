@@ -10,12 +10,26 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statefun._exceptions import InvalidTypeNameError
-from statefun.sdk import IntType, LongType, Message, StringType, egress_message_builder
+from statefun.sdk import (
+    BoolType,
+    DoubleType,
+    FloatType,
+    IntType,
+    LongType,
+    Message,
+    StringType,
+    Type,
+    ValueSpec,
+    egress_message_builder,
+    make_json_type,
+    simple_type,
+)
 from statefun.sdk._proto import types_pb2
+from statefun.sdk._storage import make_storage_class
 from statefun.sdk._types import TypedValue, validate_typename
 
 _INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -26,6 +40,14 @@ def test_int_encoding_is_protobufs(value: int) -> None:
     assert (
         IntType.serializer().serialize(value)
         == types_pb2.IntWrapper(value=value).SerializeToString()
+    )
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_long_encoding_is_protobufs(value: int) -> None:
+    assert (
+        LongType.serializer().serialize(value)
+        == types_pb2.LongWrapper(value=value).SerializeToString()
     )
 
 
@@ -93,3 +115,79 @@ def test_a_cached_typename_still_names_what_it_validates() -> None:
     assert (
         egress_message_builder("ns/egress", 5, IntType).typed_value.value == b"\x0d\x05\x00\x00\x00"
     )
+
+
+_BUILT_IN = [IntType, LongType, StringType, BoolType, FloatType, DoubleType]
+_ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.binary(max_size=4),
+)
+#: a type of the user's whose serializer gives no bytes for None-like values
+_ODD = simple_type("test/odd", lambda v: None if v == 0 else str(v).encode(), bytes)
+_TYPES = st.sampled_from([*_BUILT_IN, _ODD, make_json_type("test/json"), "not a type", None])
+
+
+def _outcome(make: Any) -> Any:
+    try:
+        return make()
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+def _reference_record(typename: Any, value: Any, value_type: Any) -> Any:
+    """egress_message_builder as it read before its fast paths (the generic checks)."""
+    if not typename:
+        raise ValueError("target typename is missing")
+    validate_typename(typename, "egress typename")
+    if value is None:
+        raise ValueError("value can not be missing")
+    if not isinstance(value_type, Type):
+        raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+    typed = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+    return (typename, typed.typename, typed.has_value, typed.value)
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(["ns/out"] * 5 + ["", "ns/", "bad", 5, None]), _ANY_VALUE, _TYPES)
+def test_egress_builder_equals_the_generic_one(typename: Any, value: Any, value_type: Any) -> None:
+    def fast() -> Any:
+        record = egress_message_builder(typename, value, value_type)
+        typed = record.typed_value
+        return (record.typename, typed.typename, typed.has_value, typed.value)
+
+    expected = _outcome(lambda: _reference_record(typename, value, value_type))
+    assert _outcome(fast) == expected
+    assert _outcome(fast) == expected  # (the second time, from the caches)
+
+
+@given(st.sampled_from([*_BUILT_IN, _ODD]), _ANY_VALUE)
+def test_a_state_write_equals_the_generic_encoding(value_type: Type, value: Any) -> None:
+    storage = make_storage_class("test/fn", [ValueSpec("v", value_type)])("test/fn", {})
+
+    def write() -> Any:
+        storage.v = value
+        typed = storage._values["v"]
+        return (typed.typename, typed.has_value, typed.value)
+
+    def generic() -> Any:
+        if value is None:
+            raise ValueError("state 'v': cannot store None; use `del context.storage.v`")
+        typed = TypedValue(value_type.typename, value_type.serializer().serialize(value))
+        return (typed.typename, typed.has_value, typed.value)
+
+    expected = _outcome(generic)
+    assert _outcome(write) == expected
+    if not isinstance(expected[0], type):  # written: it reads back as the generic decoding
+        fresh = make_storage_class("test/fn", [ValueSpec("v", value_type)])(
+            "test/fn", {"v": storage._values["v"]}
+        )
+        decoded = _outcome(lambda: fresh.v)
+        raw = storage._values["v"]
+        reference = _outcome(
+            lambda: value_type.serializer().deserialize(raw.value) if raw.has_value else None
+        )
+        assert decoded == reference or decoded != decoded  # (NaN never equals itself)

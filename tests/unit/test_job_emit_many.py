@@ -32,7 +32,7 @@ def seen(job: Job) -> Any:
     return (
         [
             (
-                [(e.typename, e.id, e.value.value, kg) for e, kg in d.inbox],
+                [(e.typename, e.id, e.value.value, kg) for e, kg, _ in d.inbox],
                 {k: [(e.id, e.value.value, e.wire) for e in m] for k, m in d.busy.items()},
             )
             for d in job.dispatchers

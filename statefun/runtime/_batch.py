@@ -1,0 +1,294 @@
+"""A dispatcher's inbox, a slice at a time: synchronous embedded invocations in one loop.
+
+``Dispatcher.run`` hands each slice of its inbox (at most ``dispatcher_slice`` messages, and
+at most ``SLICE_SECONDS`` of work) to ``InboxSlices._run_slice``. Messages to synchronous
+embedded functions run there, one after another, in inbox order, without a call per step of
+the per-message path: the function type's plan (its code, storage class, specs, counters) is
+looked up once per type, the address's state is read once for a run of messages to one
+address (the values each invocation stored are the next one's; no other code writes state
+inside the slice), and egress records are gathered per egress id and handed to the sinks in
+one ``write_many`` per egress id when the slice ends. Everything else - a message to an
+address with a batch in flight, a remote or ``async def`` function, an unknown type, a
+function that raised, and a message to an address the admin port's timeline records (every
+message when it records every address) - goes to the
+per-message path (``Dispatcher._dispatch``, ``Dispatcher._embedded_raised``), and the gathered
+egress records are handed on first, so that every output keeps its order: the sinks, the dead
+letters and the feedback channel see what the per-message path would show them, in the same
+order.
+
+Guarantees, as for the per-message path:
+
+* per address, messages run in inbox order, each with the state the previous one left;
+* a slice runs in one event-loop step (nothing is awaited): a checkpoint cut sees every effect
+  of a slice's invocations or none, and the in-flight count is released in the same step;
+* a function that raises changes nothing of its invocation and goes to the failure policy, as
+  before; the other messages of the slice are not affected;
+* counters (invocations, messages out, sampled latency) are kept per invocation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Container
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from statefun.runtime._envelope import Envelope
+from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, EmbeddedFunction
+from statefun.sdk._context import DelayedMessage, InvocationContext
+from statefun.sdk._messages import Message
+from statefun.sdk._spec import SdkAddress
+from statefun.state._expiring import ExpiringValue
+from statefun.state._expiring import live_values as _live_values
+from statefun.state.base import AddressKey
+
+if TYPE_CHECKING:
+    from statefun.runtime._dispatcher import DispatcherJob
+    from statefun.runtime._functions import StateSpec
+    from statefun.runtime._timeline import Timeline
+
+__all__ = ["SLICE_SECONDS", "InboxEntry", "InboxSlices", "scheduled", "with_deadlines"]
+
+#: the longest a slice runs before the dispatcher yields to the loop (checked every
+#: ``_CLOCK_EVERY`` messages), however many messages it has handled
+SLICE_SECONDS = 0.005
+_CLOCK_EVERY = 32
+#: most function types whose plan a dispatcher keeps
+_MAX_PLANS = 10_000
+
+#: a message in the inbox: the envelope, its key group and its address (typename, id)
+InboxEntry = tuple[Envelope, int, AddressKey]
+
+
+def with_deadlines(
+    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
+) -> dict[str, Any]:
+    """Set the expiration of each TTL state: after a write, or after any call."""
+    for name, spec in specs.items():
+        value = values.get(name)
+        if value is None or not spec.ttl_mode:
+            continue
+        if spec.ttl_mode == TTL_AFTER_CALL or (
+            spec.ttl_mode == TTL_AFTER_WRITE and name in written
+        ):
+            values[name] = ExpiringValue(value, now + spec.ttl_ms)
+    return values
+
+
+def scheduled(delayed: list[DelayedMessage]) -> int:
+    """Delayed messages sent, without the cancellations among them (not messages)."""
+    return sum(1 for entry in delayed if entry.message is not None)
+
+
+class _Plan:
+    """What the slice loop needs of a synchronous embedded function, looked up once."""
+
+    __slots__ = ("fun", "function", "has_ttl", "specs", "stats", "storage_class")
+
+    def __init__(self, function: EmbeddedFunction) -> None:
+        self.function = function
+        self.fun = function.function.fun
+        self.storage_class = function.function.storage_class
+        self.has_ttl = function.has_ttl
+        self.specs = function.specs
+        self.stats = function.stats
+
+
+#: a function type the slice loop hands to the per-message path
+_ELSEWHERE: Any = object()
+
+
+class InboxSlices:
+    """The slice loop of a ``Dispatcher`` (a base class of it: the loop reads the
+    dispatcher's own fields, declared here, and calls its per-message path)."""
+
+    job: DispatcherJob
+    _addresses: dict[AddressKey, SdkAddress]
+    _timeline: Timeline | None
+    #: the addresses the timeline records (their messages take the per-message path)
+    _recorded: Container[AddressKey]
+    #: the timeline records every address: every message takes the per-message path
+    _record_every: bool
+    _sample_mask: int
+    _clock: Callable[[], int]
+    #: function typename -> its plan, or _ELSEWHERE
+    _plans: dict[str, Any]
+    #: False: every message takes the per-message path (tests compare the two)
+    batched: bool = True
+
+    def _dispatch(self, envelope: Envelope, key_group: int, key: AddressKey) -> int:
+        raise NotImplementedError
+
+    def _address(self, key: AddressKey) -> SdkAddress:
+        raise NotImplementedError
+
+    def _emit(
+        self,
+        key: AddressKey,
+        address: SdkAddress,
+        messages: list[Message],
+        delayed: list[DelayedMessage],
+        egress: Any,
+    ) -> None:
+        raise NotImplementedError
+
+    def _embedded_raised(
+        self,
+        function: EmbeddedFunction,
+        envelope: Envelope,
+        key: AddressKey,
+        key_group: int,
+        exc: Exception,
+        started: float,
+    ) -> None:
+        raise NotImplementedError
+
+    def _plan(self, typename: str) -> Any:
+        """The plan of ``typename``, or _ELSEWHERE (not a synchronous embedded function, or
+        the timeline records every address, which the per-message path does)."""
+        function = self.job.functions.resolve(typename)
+        plan: Any = _ELSEWHERE
+        if (
+            self.batched
+            and not self._record_every
+            and type(function) is EmbeddedFunction
+            and not function.function.is_async
+        ):
+            plan = _Plan(function)
+        plans = self._plans
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[typename] = plan
+        return plan
+
+    def _run_slice(self, inbox: deque[InboxEntry], limit: int) -> int:
+        """Handle messages from the head of ``inbox`` until ``limit`` of them finished (or
+        ``SLICE_SECONDS`` passed), and release them; how many finished."""
+        job = self.job
+        plans = self._plans
+        addresses = self._addresses
+        state = job.state
+        get, put = state.get, state.put
+        state_types = job.state_types
+        sample_mask = self._sample_mask
+        popleft = inbox.popleft
+        recorded = self._recorded
+        #: egress id -> records gathered in this slice, in order (handed on by ``flush``)
+        gathered: dict[str, list[Any]] = {}
+        # the address of the previous invocation and the values it left in the state: a run
+        # of messages to one address reads them once (reset whenever other code runs)
+        last_key: AddressKey | None = None
+        last_values: Any = None
+        address: Any = None
+        deadline = perf_counter() + SLICE_SECONDS
+        tick = 0
+        done = 0
+
+        last_egress: str | None = None  # the egress id of ``records``, the list appended to
+        records: list[Any] = []
+
+        def flush() -> None:
+            nonlocal last_egress
+            if gathered:
+                egress = job.egress
+                for egress_id, values in gathered.items():
+                    egress(egress_id, values)
+                gathered.clear()
+                last_egress = None
+
+        try:
+            while inbox and done < limit:
+                tick += 1
+                if tick == _CLOCK_EVERY:
+                    tick = 0
+                    if perf_counter() > deadline:
+                        break
+                envelope, key_group, key = popleft()
+                typename = key[0]
+                plan = plans.get(typename)
+                if plan is None:
+                    plan = self._plan(typename)
+                # the per-message path: not a synchronous embedded function, or an address
+                # the timeline records (a synchronous function's address is never busy)
+                if plan is _ELSEWHERE or key in recorded:
+                    if gathered:
+                        flush()
+                    last_key = None
+                    done += self._dispatch(envelope, key_group, key)
+                    continue
+                # -- prepare: the values (a copy), the storage and the context
+                if key == last_key:
+                    stored = last_values  # (and its address is still ``address``)
+                else:
+                    stored = get(key_group, key)
+                    address = addresses.get(key)
+                    if address is None:
+                        address = self._address(key)
+                if plan.has_ttl:
+                    now = self._clock()
+                    values = _live_values(stored, now)
+                else:
+                    now = 0
+                    values = dict(stored) if stored else {}
+                storage = plan.storage_class(typename, values)
+                context = InvocationContext(address, storage)
+                context._caller = envelope.caller
+                stats = plan.stats
+                began = 0.0 if stats.invocations & sample_mask else perf_counter()
+                # -- call
+                try:
+                    plan.fun(context, Message(typename, key[1], envelope.value))
+                except Exception as exc:
+                    if gathered:
+                        flush()
+                    last_key = None
+                    self._embedded_raised(plan.function, envelope, key, key_group, exc, 0.0)
+                    done += 1
+                    continue
+                if began:
+                    stats.latency.observe(perf_counter() - began)
+                # -- apply: state, then messages and delayed messages, then egress (gathered)
+                stats.invocations += 1
+                dirty = storage._dirty
+                if dirty or plan.has_ttl:
+                    new = dict(values)  # (the storage may be kept past the call: a copy)
+                    for name in dirty:  # a deleted state is None in values
+                        if new.get(name, _ELSEWHERE) is None:
+                            del new[name]
+                    if plan.has_ttl:
+                        new = with_deadlines(new, plan.specs, dirty, now)
+                    put(key_group, key, new)
+                    state_types.add(typename)
+                    last_values = new
+                else:
+                    last_values = stored
+                last_key = key
+                messages = context.messages
+                delayed = context.delayed
+                if messages or delayed:
+                    # the records so far reach the sinks first: whatever a send sets off (a
+                    # reply released, a clustered worker's exchange) sees them there
+                    if gathered:
+                        flush()
+                    if messages:
+                        stats.messages_out += len(messages)
+                    if delayed:
+                        stats.messages_out += scheduled(delayed)
+                    self._emit(key, address, messages, delayed, ())
+                for record in context.egress:
+                    egress_id = record.typename
+                    if egress_id is not last_egress:  # (one egress id, mostly)
+                        last_egress = egress_id
+                        found = gathered.get(egress_id)
+                        if found is None:
+                            found = gathered[egress_id] = []
+                        records = found
+                    records.append(record.typed_value)
+                done += 1
+        finally:
+            try:
+                flush()
+            finally:
+                if done:
+                    job.release(done)
+        return done

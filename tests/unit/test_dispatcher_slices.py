@@ -1,0 +1,328 @@
+"""The dispatcher's slice loop for synchronous embedded functions (``runtime/_batch.py``)
+against its per-message path (``Dispatcher.batched = False``): randomized workloads, run by
+the real job on a virtual clock (``JobHarness``), must give the same egress records in the
+same order, the same state, the same dead letters in the same order and the same counters.
+
+The workloads mix what the slice loop hands elsewhere or treats apart: runs of messages to one
+address, a function that raises (the other messages of its slice go on), state deleted and
+written, TTL, delayed messages and cancellations, messages to functions (feedback) and to a
+function type nobody serves, records for an egress the module lacks, an ``async def`` function
+(a batch in flight: messages wait in its mailbox), slices of a few messages, and a crash
+restored from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statefun import (
+    Context,
+    IntType,
+    Message,
+    StatefulFunctions,
+    StringType,
+    ValueSpec,
+    egress_message_builder,
+    message_builder,
+)
+from statefun.runtime._dispatcher import Dispatcher
+from statefun.runtime._timeline import Timeline
+from statefun.testing import JobHarness
+
+functions = StatefulFunctions()
+OUT, SIDE, MISSING = "t/out", "t/side", "t/missing"
+
+
+@functions.bind(
+    typename="t/count",
+    specs=[ValueSpec(name="count", type=IntType), ValueSpec(name="last", type=StringType)],
+)
+def count(context: Context, message: Message) -> None:
+    word = message.as_string() or ""
+    storage = context.storage
+    if word == "boom":
+        storage.count = -1  # written, then the call fails: nothing of it may stay
+        context.send_egress(egress_message_builder(OUT, "never", StringType))
+        raise ValueError("boom")
+    if word == "del":
+        del storage.count
+        del storage.last
+    else:
+        storage.count = (storage.count or 0) + 1
+        storage.last = word
+    seen = f"{context.address.id}:{storage.count}:{word}"
+    context.send_egress(egress_message_builder(OUT, seen, StringType))
+    if word == "side":
+        context.send_egress(egress_message_builder(SIDE, seen, StringType))
+        context.send_egress(egress_message_builder(OUT, seen + "+", StringType))
+    if word == "lost":
+        context.send_egress(egress_message_builder(MISSING, seen, StringType))
+
+
+@functions.bind(typename="t/relay", specs=[ValueSpec(name="hops", type=IntType)])
+def relay(context: Context, message: Message) -> None:
+    word = message.as_string() or ""
+    hops = (context.storage.hops or 0) + 1
+    context.storage.hops = hops
+    context.send(message_builder("t/count", context.address.id, str_value=word))
+    context.send(message_builder("t/nobody", context.address.id, str_value=word))
+    if word == "later":
+        context.send_after(
+            timedelta(milliseconds=5),
+            message_builder("t/count", context.address.id, str_value="late"),
+            "token",
+        )
+    if word == "cancel":
+        context.cancel_delayed_message("token")
+    context.send_egress(
+        egress_message_builder(OUT, f"relay {context.address.id}:{hops}", StringType)
+    )
+
+
+@functions.bind(
+    typename="t/ttl",
+    specs=[ValueSpec(name="seen", type=StringType, expire_after_write=timedelta(milliseconds=3))],
+)
+def ttl(context: Context, message: Message) -> None:
+    before = context.storage.seen
+    word = message.as_string() or ""
+    if word != "read":
+        context.storage.seen = word
+    context.send_egress(egress_message_builder(OUT, f"ttl {before}>{word}", StringType))
+
+
+@functions.bind(typename="t/slow", specs=[])
+def slow_sync(context: Context, message: Message) -> None:
+    time.sleep(0.0005)
+    context.send_egress(egress_message_builder(OUT, context.address.id, StringType))
+
+
+@functions.bind(typename="t/async", specs=[ValueSpec(name="n", type=IntType)])
+async def slow(context: Context, message: Message) -> None:
+    context.storage.n = (context.storage.n or 0) + 1
+    context.send_egress(
+        egress_message_builder(OUT, f"async {context.address.id}:{context.storage.n}", StringType)
+    )
+
+
+MODULE = f"""
+kind: io.pystatefun.endpoints.v1/embedded
+spec:
+  functions: t/*
+  module: {__name__}:functions
+---
+kind: io.pystatefun.stdout.v1/egress
+spec:
+  id: {OUT}
+---
+kind: io.pystatefun.stdout.v1/egress
+spec:
+  id: {SIDE}
+"""
+
+WORDS = ["a", "b", "boom", "del", "side", "lost", "later", "cancel", "read"]
+TARGETS = ["t/count", "t/count", "t/count", "t/relay", "t/ttl", "t/async"]
+IDS = ["x", "y", "z"]
+#: one step: send these messages (target, id, word), then let this many ms pass
+Step = tuple[list[tuple[str, str, str]], int]
+steps = st.lists(
+    st.tuples(
+        st.lists(
+            st.tuples(st.sampled_from(TARGETS), st.sampled_from(IDS), st.sampled_from(WORDS)),
+            max_size=25,
+        ),
+        st.integers(0, 6),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Path:
+    path = tmp_path / "module.yaml"
+    path.write_text(MODULE, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def restore_batched() -> Iterator[None]:
+    yield
+    Dispatcher.batched = True
+
+
+def _dead_letter(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        record.get("target"),
+        record.get("id"),
+        record.get("egress"),
+        record.get("reason"),
+        record.get("value"),
+    )
+
+
+def _counters(job: JobHarness) -> dict[str, tuple[int, ...]]:
+    found: dict[str, tuple[int, ...]] = {}
+    for function in job._job.functions.known():
+        stats = function.stats
+        found[function.typename] = (
+            stats.invocations,
+            stats.messages_out,
+            stats.failures_terminal,
+            stats.failures_retryable,
+            stats.batches,
+        )
+    return found
+
+
+def run(
+    module: Path,
+    workload: list[Step],
+    *,
+    batched: bool,
+    slice_size: int,
+    crash_after: int | None = None,
+) -> dict[str, Any]:
+    """Everything observable of ``workload`` run by a job (``crash_after``: a checkpoint after
+    that step, more steps, then a crash and a restore before the last step's time passes)."""
+    Dispatcher.batched = batched
+    overrides = {"remote_failure_policy": "dead-letter", "dispatcher_slice": slice_size}
+    with JobHarness(module, overrides=overrides, checkpoints=crash_after is not None) as job:
+        for index, (messages, ms) in enumerate(workload):
+            for target, id_, word in messages:
+                job.send(target, id_, word)
+            job.run_until_idle()
+            if index == crash_after:
+                job.checkpoint()
+            job.advance(timedelta(milliseconds=ms))
+        if crash_after is not None:
+            job.crash_and_restore()
+        job.advance(timedelta(milliseconds=20))
+        job.run_until_idle()
+        assert all(not d.inbox for d in job._job.dispatchers)
+        return {
+            "out": job.egress(OUT).records,
+            "side": job.egress(SIDE).records,
+            "state": {
+                (typename, id_): job.state(typename, id_)
+                for typename in ("t/count", "t/relay", "t/ttl", "t/async")
+                for id_ in IDS
+            },
+            "dead letters": [_dead_letter(r) for r in job.dead_letters],
+            "counters": _counters(job) if crash_after is None else None,
+        }
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(workload=steps, slice_size=st.sampled_from([1, 3, 512]))
+def test_the_slice_loop_does_what_the_per_message_path_does(
+    module: Path, workload: list[Step], slice_size: int
+) -> None:
+    per_message = run(module, workload, batched=False, slice_size=slice_size)
+    sliced = run(module, workload, batched=True, slice_size=slice_size)
+    assert sliced == per_message
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(workload=steps.filter(lambda w: len(w) >= 2), data=st.data())
+def test_the_same_after_a_crash_restored_from_a_checkpoint(
+    module: Path, workload: list[Step], data: st.DataObject
+) -> None:
+    crash_after = data.draw(st.integers(0, len(workload) - 2))
+    per_message = run(module, workload, batched=False, slice_size=512, crash_after=crash_after)
+    sliced = run(module, workload, batched=True, slice_size=512, crash_after=crash_after)
+    assert sliced == per_message
+
+
+def test_a_run_to_one_address_and_a_failure_inside_it(module: Path) -> None:
+    """One slice: four messages to one address, the third raising; the others count on."""
+    workload: list[Step] = [([("t/count", "x", w) for w in ("a", "b", "boom", "a", "del", "b")], 0)]
+    sliced = run(module, workload, batched=True, slice_size=512)
+    assert sliced == run(module, workload, batched=False, slice_size=512)
+    assert sliced["out"] == ["x:1:a", "x:2:b", "x:3:a", "x:None:del", "x:1:b"]
+    assert sliced["state"][("t/count", "x")] == {"count": 1, "last": "b"}
+    assert [d[3].split(":")[0] for d in sliced["dead letters"]] == [
+        "function t/count failed on 'x'"
+    ]
+    assert sliced["counters"]["t/count"][:3] == (5, 0, 1)
+
+
+def _sink_writes(job: JobHarness) -> list[int]:
+    """The sizes of the writes to OUT's sink from now on."""
+    writes: list[int] = []
+    (sink,) = [s for s in job._job.sinks.values() if s.egress_id == OUT]
+    write_many = sink.write_many
+
+    def counted(values: list[Any]) -> None:
+        writes.append(len(values))
+        write_many(values)
+
+    sink.write_many = counted  # type: ignore[method-assign]
+    return writes
+
+
+def test_a_slice_ends_after_its_time_however_few_messages_it_handled(module: Path) -> None:
+    """Fairness: slow invocations end a slice after SLICE_SECONDS (each slice writes once)."""
+    with JobHarness(module, overrides={"parallelism": 1}) as job:
+        writes = _sink_writes(job)
+        for _ in range(100):
+            job.send("t/slow", "one", "a")
+        job.run_until_idle()
+        assert len(job.egress(OUT).records) == 100
+    assert sum(writes) == 100
+    assert len(writes) >= 3, writes  # 0.5 ms each: a slice of 512 would have been one write
+
+
+def test_egress_records_reach_the_sink_once_per_slice(module: Path) -> None:
+    """The slice hands its records to the sink in one write per egress id, in order."""
+    with JobHarness(module) as job:
+        writes = _sink_writes(job)
+        for index in range(40):
+            job.send("t/count", f"id-{index}", "a")
+        job.run_until_idle()
+        assert len(job.egress(OUT).records) == 40
+        dispatchers = len(job._job.dispatchers)
+    assert sum(writes) == 40
+    assert len(writes) <= dispatchers
+
+
+def test_an_address_the_timeline_records_is_recorded_while_the_others_run_in_slices(
+    module: Path,
+) -> None:
+    """With the admin port's timeline on, a looked-up address takes the per-message path (its
+    invocations are recorded), the others stay in the slice loop; the outputs do not change."""
+    workload: list[Step] = [([("t/count", id_, w) for w in ("a", "b", "side") for id_ in IDS], 0)]
+    expected = run(module, workload, batched=True, slice_size=512)
+    overrides = {"remote_failure_policy": "dead-letter"}
+    with JobHarness(module, overrides=overrides) as job:
+        # the harness opens no admin port, so it keeps no timeline: its dispatchers get one
+        timeline = Timeline(per_address=50, addresses=10)
+        for dispatcher in job._job.dispatchers:
+            dispatcher._timeline = timeline
+            dispatcher._recorded = timeline.recorded
+        timeline.look_up(("t/count", "y"))
+        writes = _sink_writes(job)
+        for target, id_, word in workload[0][0]:
+            job.send(target, id_, word)
+        job.run_until_idle()
+        assert job.egress(OUT).records == expected["out"]
+        assert job.egress(SIDE).records == expected["side"]
+        assert [job.state("t/count", id_) for id_ in IDS] == [
+            expected["state"][("t/count", id_)] for id_ in IDS
+        ]
+        recorded = timeline.entries(("t/count", "y"))
+        assert [e["messages_in"][0]["preview"] for e in recorded] == ["a", "b", "side"]
+        assert timeline.entries(("t/count", "x")) == []
+    assert len(writes) > 1  # y's records went out on their own, between the slices' writes
