@@ -4,7 +4,9 @@ An address is recorded from its first ``GET /addresses/<namespace>/<type>/<id>/t
 on (``Timeline.look_up``): from then on each of its invocations goes into a ring of its own
 (its last ``timeline_invocations``), for at most ``timeline_addresses`` addresses at once
 (the least recently looked up go first, and any not looked up for ``IDLE_S``). The console
-asks again as it refreshes, so an address shown there fills as it is invoked. With
+asks again as it refreshes, so an address shown there fills as it is invoked. The job's last
+``FAILURES`` failed invocations are kept whatever the address, so a first lookup of an address
+that failed shows its failures from before. With
 ``timeline_entries`` set, every invocation of the job also goes into one ring of that many
 entries, and a first lookup already finds what that ring still holds of the address.
 
@@ -34,8 +36,9 @@ microseconds, hardly notices it).
 Memory: an entry holds its invocation's objects (about 2 KB for an invocation with small
 messages, ``bench/admin_views.py`` measures it) and the payloads themselves - no preview is
 cut when recording (a slice is a copy and a size check per value). At most
-``timeline_addresses`` x ``timeline_invocations`` + ``timeline_entries`` entries; where
-messages or state values are large, lower them (``timeline_invocations`` 0: no timeline).
+``timeline_addresses`` x ``timeline_invocations`` + ``timeline_entries`` + ``FAILURES``
+entries; where messages or state values are large, lower them (``timeline_invocations`` 0:
+no timeline).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from statefun.sdk._messages import Message
 from statefun.sdk._types import TypedValue
 from statefun.state.base import AddressKey
 
-__all__ = ["PREVIEW", "Remote", "Timeline", "TimelineView"]
+__all__ = ["FAILURES", "PREVIEW", "Remote", "Timeline", "TimelineView"]
 
 #: bytes of a value kept for its preview
 PREVIEW = 48
@@ -64,6 +67,8 @@ ITEMS = 8
 SCAN_SLICE = 4096
 #: an address not looked up for this long (s) is no longer recorded
 IDLE_S = 600.0
+#: failed invocations of any address kept (the last ones), whether it is looked up or not
+FAILURES = 256
 
 #: (typename, size in bytes, its first PREVIEW bytes) of a typed value; typename None: none
 _Value = tuple[str | None, int, bytes]
@@ -100,6 +105,9 @@ class Timeline:
         #: addresses recorded -> (monotonic time of their last lookup, wall time since when)
         self._looked_up: dict[AddressKey, tuple[float, float]] = {}
         self._ring: deque[Entry] | None = deque(maxlen=entries) if entries else None
+        #: the job's last ``FAILURES`` failed invocations, of every address (failures are
+        #: rare: keeping them costs the hot path nothing, and they are what one looks for)
+        self._failures: deque[Entry] = deque(maxlen=FAILURES)
         #: whether every invocation is recorded (into the job's ring), not only those of the
         #: addresses looked up
         self.every = self._ring is not None
@@ -120,9 +128,12 @@ class Timeline:
 
     def failed(self, key: AddressKey, inputs: Any, started: float, error: BaseException) -> None:
         """An invocation of ``key`` with ``inputs`` that failed with ``error`` (kept as one
-        line: the exception would hold its traceback's frames)."""
+        line: the exception would hold its traceback's frames); kept for every address."""
+        line = f"{type(error).__name__}: {error}"[:500]
         if self.every or key in self.recorded:
-            self.record(key, started, inputs, f"{type(error).__name__}: {error}"[:500])
+            self.record(key, started, inputs, line)
+        if self._ring is None:  # (the job's ring holds it already)
+            self._failures.append((key, started, perf_counter(), inputs, line))
 
     def remote(
         self, key: AddressKey, batch: list[Any], started: float, values: Any, result: Any
@@ -177,9 +188,12 @@ class Timeline:
         return self._merged(key, found)
 
     def _merged(self, key: AddressKey, found: list[Entry]) -> list[dict[str, Any]]:
-        """The address's own ring and what the job's ring holds of it, each entry once, the
-        last ``per_address`` by time, formatted oldest first."""
-        entries = {id(entry): entry for entry in (*found, *self.recorded.get(key, ()))}
+        """The address's own ring, what the job's ring holds of it and its failures kept,
+        each invocation once, the last ``per_address`` by time, formatted oldest first."""
+        mine = self.recorded.get(key, ())
+        seen = {entry[1] for entry in (*found, *mine)}  # (a start time names an invocation)
+        failures = [e for e in self._failures if e[0] == key and e[1] not in seen]
+        entries = {id(entry): entry for entry in (*found, *mine, *failures)}
         last = sorted(entries.values(), key=lambda entry: entry[2])[-self.per_address :]
         return [self._format(entry) for entry in last]
 

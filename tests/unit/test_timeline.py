@@ -12,7 +12,7 @@ from time import perf_counter
 import pytest
 
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._timeline import IDLE_S, PREVIEW, SCAN_SLICE, Timeline
+from statefun.runtime._timeline import FAILURES, IDLE_S, PREVIEW, SCAN_SLICE, Timeline
 from statefun.sdk import IntType, StringType, ValueSpec, egress_message_builder
 from statefun.sdk._context import InvocationContext
 from statefun.sdk._messages import message_builder
@@ -185,3 +185,25 @@ def test_kept_only_while_the_admin_server_runs() -> None:
     every = Job(ModuleSpec(), Settings(admin_port=8091, timeline_entries=9)).timeline
     assert every is not None and every.every and every.capacity == 9
     assert Job(ModuleSpec(), Settings(admin_port=8091, timeline_invocations=0)).timeline is None
+
+
+def test_failures_are_kept_for_every_address_before_its_lookup() -> None:
+    timeline = Timeline(per_address=3, addresses=2)
+    record(timeline, "a", "fine")  # not looked up: not kept
+    started = perf_counter()
+    timeline.failed(("shop/cart", "a"), envelope("a", "bad"), started, ValueError("no"))
+    timeline.failed(("shop/cart", "b"), envelope("b", "other"), started, ValueError("no"))
+    assert previews(timeline, "a") == ["bad"]  # its failure from before the first lookup
+    timeline.look_up(("shop/cart", "a"))
+    record(timeline, "a", "after")
+    timeline.failed(("shop/cart", "a"), envelope("a", "again"), perf_counter(), KeyError("k"))
+    shown = timeline.entries(("shop/cart", "a"))
+    assert [e["messages_in"][0]["preview"] for e in shown] == ["bad", "after", "again"]
+    assert [e["error"] for e in shown] == ["ValueError: no", None, "KeyError: 'k'"]
+
+
+def test_failures_kept_are_bounded() -> None:
+    timeline = Timeline(per_address=500, addresses=2)
+    for n in range(FAILURES + 10):
+        timeline.failed(("shop/cart", "a"), envelope("a", str(n)), perf_counter(), OSError())
+    assert previews(timeline, "a") == [str(n) for n in range(10, FAILURES + 10)]
