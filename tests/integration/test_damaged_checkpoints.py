@@ -53,30 +53,61 @@ def job_for(tmp: Path, backend: str, hook: Any = None) -> Job:
     )
 
 
-class _HeldOpen(FileSource):
-    """The input file, then nothing until the job stops: a job that has read it all does not
-    finish before the checkpoint a test crashes after (how many checkpoints a run of the file
-    takes depends on the machine)."""
+#: records the first run's input lets through per checkpoint (see _Paced)
+CHUNK = 2000
+
+
+class _Paced(FileSource):
+    """The input file, ``CHUNK`` records per committed checkpoint, then nothing until the job
+    stops: each checkpoint of the first run has changes of its own (the tests damage what
+    only the newest holds), and a job that has read it all does not finish before the
+    checkpoint a test crashes after (how fast a run reads the file depends on the machine)."""
 
     bounded = False
 
+    def __init__(self, ingress_id: str, path: Path) -> None:
+        super().__init__(ingress_id, path)
+        self.committed = asyncio.Event()
+
     async def run(self, context: IngressContext) -> None:
-        await super().run(context)
+        await super().run(_Chunks(context, self.committed))
         await asyncio.Event().wait()
+
+
+class _Chunks:
+    """An ingress context that waits for ``committed`` after every ``CHUNK`` records."""
+
+    def __init__(self, context: IngressContext, committed: asyncio.Event) -> None:
+        self._context = context
+        self._committed = committed
+        self._count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def room(self) -> None:
+        self._count += 1
+        if self._count % CHUNK == 0:
+            self._committed.clear()
+            await self._committed.wait()
+        await self._context.room()
 
 
 async def crash_after(tmp: Path, backend: str, checkpoint_id: int) -> None:
     """Run until checkpoint ``checkpoint_id`` committed, then stop as if killed."""
+    source = _Paced("test/in", tmp / "in.jsonl")
 
     def crash(name: str, done: int) -> None:
-        if name == "committed" and done == checkpoint_id:
-            raise SimulatedCrash(f"crash after checkpoint {done}")
+        if name == "committed":
+            source.committed.set()
+            if done == checkpoint_id:
+                raise SimulatedCrash(f"crash after checkpoint {done}")
 
     job = make_job(
         tmp,
         embedded(),
         crash,
-        source=_HeldOpen("test/in", tmp / "in.jsonl"),
+        source=source,
         state_backend=backend,
         state_dir=str(tmp / f"state-{backend}"),
     )
