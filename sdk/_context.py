@@ -116,11 +116,13 @@ class InvocationContext(Context):
         "messages",
     )
 
-    def __init__(self, address: SdkAddress, storage: AddressStorage) -> None:
+    def __init__(
+        self, address: SdkAddress, storage: AddressStorage, caller: SdkAddress | None = None
+    ) -> None:
         self._address = address
         self._storage = storage
-        self._caller: SdkAddress | None = None
-        self._caller_source: Any = None
+        self._caller: SdkAddress | None = caller
+        #: (``_caller_source``, a protobuf Invocation, is set with ``_UNRESOLVED`` only)
         self.messages: list[Message] = []
         self.delayed: list[DelayedMessage] = []
         self.egress: list[EgressMessage] = []

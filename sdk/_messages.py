@@ -19,11 +19,14 @@ from statefun.sdk._types import (
     Type,
     TypedValue,
     _decode_int,
+    _WrapperSerializer,
     _WrapperType,
     validate_typename,
 )
 
 _INT_TYPENAME = IntType.typename
+_INT: _WrapperSerializer = IntType.serializer()  # type: ignore[assignment]
+_INT_SIZE, _INT_TAG, _INT_UNPACK = _INT.fixed_size, _INT.fixed_tag, _INT.fixed_unpack
 
 __all__ = [
     "EgressMessage",
@@ -88,7 +91,12 @@ class Message:
     def as_int(self) -> int | None:
         tv = self.typed_value
         if tv.typename == _INT_TYPENAME:  # the common case: the value's own type, decoded here
-            value = _decode_int(tv.value) if tv.has_value else None
+            if not tv.has_value:
+                return None
+            data = tv.value
+            if len(data) == _INT_SIZE and data[0] == _INT_TAG:  # (inline: _WrapperSerializer)
+                return _INT_UNPACK(data, 1)[0]  # type: ignore[no-any-return]
+            value = _decode_int(data)
             if value is not _SLOW:
                 return value
         return self.as_type(IntType)  # type: ignore[no-any-return]
@@ -206,9 +214,12 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
     record.typename = target_typename
     if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
         serializer = value_type._serializer
-        data = serializer._encode(value)
-        if data is None:
-            data = serializer.serialize(value)
+        if type(value) is int and 0 < value <= serializer.fixed_high:  # (inline: see there)
+            data = serializer.fixed_pack(serializer.fixed_tag, value)
+        else:
+            data = serializer._encode(value)
+            if data is None:
+                data = serializer.serialize(value)
     else:
         data = value_type.serializer().serialize(value)
     if data is None:  # (a serializer of the user's that gives no bytes: as TypedValue does)

@@ -29,6 +29,8 @@ from statefun.sdk._types import (
 __all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
 
 _MISSING: Any = object()
+#: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
+_NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
@@ -81,11 +83,17 @@ def _make_property(spec: ValueSpec) -> property:
     wrapped = type(serializer) is _WrapperSerializer
     encode = serializer._encode if wrapped else serialize  # type: ignore[attr-defined]
     decode = serializer._decode if wrapped else deserialize  # type: ignore[attr-defined]
+    # A fixed-width integer's common case, inline (see _WrapperSerializer): nothing else
+    # matches (size -1, high 0)
+    fixed: Any = serializer if wrapped else _NOT_FIXED
+    tag, size, high = fixed.fixed_tag, fixed.fixed_size, fixed.fixed_high
+    pack, unpack = fixed.fixed_pack, fixed.fixed_unpack
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
 
     def fget(self: AddressStorage) -> Any:
-        value = self._cache.get(name, _MISSING)
+        cache = self._cache
+        value = cache.get(name, _MISSING)
         if value is not _MISSING:
             return value
         typed = self._values.get(name)
@@ -97,39 +105,51 @@ def _make_property(spec: ValueSpec) -> property:
                 f"{typed.typename!r}, but its ValueSpec declares {typename!r}"
             )
         else:
-            try:
-                value = decode(typed.value)
-                if value is _SLOW:
-                    value = deserialize(typed.value)
-            except Exception as exc:
-                raise ValueDecodeError(
-                    f"state {name!r} of {self._typename!r} holds {len(typed.value)} bytes that "
-                    f"are not a valid {typename}: {type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())}"
-                ) from exc
+            data = typed.value
+            if len(data) == size and data[0] == tag:
+                value = unpack(data, 1)[0]
+            else:
+                try:
+                    value = decode(data)
+                    if value is _SLOW:
+                        value = deserialize(data)
+                except Exception as exc:
+                    raise ValueDecodeError(
+                        f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
+                        f"are not a valid {typename}: {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())}"
+                    ) from exc
         if cacheable or value is None:
-            self._cache[name] = value
+            cache[name] = value
         return value
 
     def fset(self: AddressStorage, value: Any) -> None:
-        if value is None:
-            raise ValueError(f"state {name!r}: cannot store None; use `del context.storage.{name}`")
-        data = encode(value)
-        if data is None and wrapped:
-            data = serialize(value)
-        if data is None:  # (a serializer of the user's that gives no bytes)
-            self._values[name] = TypedValue(typename, None)
-        else:  # TypedValue(typename, data) without its __init__'s call
-            typed = self._values[name] = _new_object(TypedValue)
-            typed.typename = typename
-            typed.has_value = True
-            typed.value = data
-        if type(value) is reads_back_as:
+        typed = _new_object(TypedValue)  # TypedValue(typename, data) without its __init__
+        typed.typename = typename
+        typed.has_value = True
+        if type(value) is int and 0 < value <= high:  # (then reads_back_as is int)
+            typed.value = pack(tag, value)
             self._cache[name] = value
         else:
-            self._cache.pop(name, None)
-        if name not in self._dirty:
-            self._dirty.append(name)
+            if value is None:
+                raise ValueError(
+                    f"state {name!r}: cannot store None; use `del context.storage.{name}`"
+                )
+            data = encode(value)
+            if data is None and wrapped:
+                data = serialize(value)
+            if data is None:  # (a serializer of the user's that gives no bytes)
+                typed = TypedValue(typename, None)
+            else:
+                typed.value = data
+            if type(value) is reads_back_as:
+                self._cache[name] = value
+            else:
+                self._cache.pop(name, None)
+        self._values[name] = typed
+        dirty = self._dirty
+        if name not in dirty:
+            dirty.append(name)
 
     def fdel(self: AddressStorage) -> None:
         self._values[name] = None

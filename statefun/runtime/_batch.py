@@ -94,6 +94,8 @@ class _Plan:
         self.stats = function.stats
 
 
+_new_object = object.__new__
+
 #: a function type the slice loop hands to the per-message path
 _ELSEWHERE: Any = object()
 
@@ -231,13 +233,23 @@ class InboxSlices:
                     now = 0
                     values = dict(stored) if stored else {}
                 storage = plan.storage_class(typename, values)
-                context = InvocationContext(address, storage)
-                context._caller = envelope.caller
+                context = InvocationContext(address, storage, envelope.caller)
+                value = envelope.value
+                id_ = key[1]
+                if id_ and value is not None:  # what Message() checks (the typename: a plan's)
+                    message = _new_object(Message)
+                    message.target_typename = typename
+                    message.target_id = id_
+                    message.typed_value = value
+                else:  # (it raises, in the call's try, as the per-message path's does)
+                    message = None
                 stats = plan.stats
                 began = 0.0 if stats.invocations & sample_mask else perf_counter()
                 # -- call
                 try:
-                    plan.fun(context, Message(typename, key[1], envelope.value))
+                    if message is None:
+                        message = Message(typename, id_, value)
+                    plan.fun(context, message)
                 except Exception as exc:
                     if gathered:
                         flush()

@@ -201,17 +201,20 @@ class Dispatcher(InboxSlices):
 
     def offer(self, envelope: Envelope, key_group: int, key: AddressKey) -> None:
         """Take ``envelope`` for ``key`` (its typename and id) in ``key_group``."""
-        if not self.inbox:
-            # Nothing waits before it: a message to an address with a batch in flight joins
-            # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
-            # is full, not a whole poll later, and the loop is free when the reply comes.
-            mailbox = self.busy.get(key)
-            if mailbox is not None:
-                self._wait_in_mailbox(key, mailbox, envelope)
-                return
-        self.inbox.append((envelope, key_group, key))
-        if not self._wake.is_set():
-            self._wake.set()
+        inbox = self.inbox
+        if inbox:
+            # (``run`` waits for ``_wake`` only once it found the inbox empty: it is set)
+            inbox.append((envelope, key_group, key))
+            return
+        # Nothing waits before it: a message to an address with a batch in flight joins
+        # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
+        # is full, not a whole poll later, and the loop is free when the reply comes.
+        mailbox = self.busy.get(key)
+        if mailbox is not None:
+            self._wait_in_mailbox(key, mailbox, envelope)
+            return
+        inbox.append((envelope, key_group, key))
+        self._wake.set()
 
     def messages(self) -> list[Envelope]:
         """Every message this subtask holds, in the order it would handle them per address."""
