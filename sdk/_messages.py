@@ -98,7 +98,7 @@ class Message:
                 return _INT_UNPACK(data, 1)[0]  # type: ignore[no-any-return]
             value = _decode_int(data)
             if value is not _SLOW:
-                return value
+                return value  # type: ignore[no-any-return]
         return self.as_type(IntType)  # type: ignore[no-any-return]
 
     def is_bool(self) -> bool:
@@ -214,6 +214,7 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
     record.typename = target_typename
     if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
         serializer = value_type._serializer
+        data: bytes | None
         if type(value) is int and 0 < value <= serializer.fixed_high:  # (inline: see there)
             data = serializer.fixed_pack(serializer.fixed_tag, value)
         else:

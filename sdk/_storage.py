@@ -26,7 +26,7 @@ from statefun.sdk._types import (
     _WrapperSerializer,
 )
 
-__all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
+__all__ = ["AddressStorage", "make_storage_class", "storage_mutations", "unknown_state_hint"]
 
 _MISSING: Any = object()
 #: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
@@ -45,7 +45,14 @@ _READS_BACK_AS_WRITTEN: dict[Type, type] = {
 
 
 class AddressStorage:
-    """Base of the generated storage classes. Its state is private to the SDK and runtime."""
+    """Base of the generated storage classes. Its state is private to the SDK and runtime.
+
+    No ``__getattr__``: with one, every attribute of an instance is looked up through it, on
+    the path of every state read and write (and CPython 3.11 does not specialize the
+    lookups). A name no ValueSpec declares raises Python's own AttributeError, which names
+    the generated class (``Storage[<function typename>]``) and the name;
+    ``unknown_state_hint`` adds the registered names where a failure is reported.
+    """
 
     __slots__ = ("_cache", "_dirty", "_typename", "_values")
 
@@ -58,15 +65,6 @@ class AddressStorage:
         self._values = values
         self._cache: dict[str, Any] = {}
         self._dirty: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached when no property of that name exists.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
-            f"{name!r} is not a registered ValueSpec of function {self._typename!r}; "
-            f"registered: {sorted(self._specs) or 'none'}"
-        )
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -184,3 +182,15 @@ def storage_mutations(storage: AddressStorage) -> list[tuple[str, TypedValue | N
     if len(dirty) > 1:  # in the order of the ValueSpecs, as StateFun's SDK sends them
         return [(name, values[name]) for name in storage._specs if name in dirty]
     return [(name, values[name]) for name in dirty]
+
+
+def unknown_state_hint(exc: BaseException) -> str:
+    """For the AttributeError of reading a name no ValueSpec declares from a storage: which
+    names the function registered (for the failure's message); otherwise ``""``."""
+    if type(exc) is not AttributeError:
+        return ""
+    storage = getattr(exc, "obj", None)
+    if not isinstance(storage, AddressStorage) or exc.name in storage._specs:
+        return ""
+    registered = sorted(storage._specs) or "none"
+    return f" ({exc.name!r} is not a registered ValueSpec; registered: {registered})"

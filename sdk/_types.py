@@ -215,6 +215,10 @@ _pack_tagged_i64 = struct.Struct("<Bq").pack  # a LongWrapper's: field 1, fixed 
 _unpack_i64 = struct.Struct("<q").unpack_from
 
 
+#: a fixed-width integer wrapper's common case: tag, size, highest value, pack, unpack_from
+_FixedWidth = tuple[int, int, int, Callable[[int, int], bytes], Callable[..., Any]]
+
+
 class _WrapperSerializer(TypeSerializer):
     """Hand-written fast path with the generated wrapper message as the reference.
 
@@ -241,8 +245,7 @@ class _WrapperSerializer(TypeSerializer):
         wrapper: Any,
         encode: Callable[[Any], bytes | None],
         decode: Callable[[bytes], Any],
-        fixed: tuple[int, int, int, Callable[[int, int], bytes], Callable[..., Any]]
-        | None = None,
+        fixed: _FixedWidth | None = None,
     ) -> None:
         self._wrapper = wrapper
         self._encode = encode

@@ -70,6 +70,7 @@ from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
+from statefun.sdk._storage import unknown_state_hint
 from statefun.sdk._types import TypedValue
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
@@ -357,7 +358,7 @@ class Dispatcher(InboxSlices):
             [envelope],
             kind(
                 f"function {function.typename} failed on {envelope.id!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}{unknown_state_hint(exc)}"
             ),
             cause=exc,
         )

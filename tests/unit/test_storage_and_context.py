@@ -29,7 +29,12 @@ from statefun.sdk import (
 )
 from statefun.sdk._context import DelayedMessage, InvocationContext, address_from_pb
 from statefun.sdk._proto import request_reply_pb2
-from statefun.sdk._storage import AddressStorage, make_storage_class, storage_mutations
+from statefun.sdk._storage import (
+    AddressStorage,
+    make_storage_class,
+    storage_mutations,
+    unknown_state_hint,
+)
 
 FN = "com.example/fn"
 JSON = make_json_type("com.example/Json")
@@ -113,17 +118,21 @@ def test_unknown_attribute() -> None:
     s = full_storage()
     with pytest.raises(AttributeError) as info:
         _ = s.cuont
-    assert str(info.value) == (
-        "'cuont' is not a registered ValueSpec of function 'com.example/fn'; "
-        "registered: ['big', 'count', 'flag', 'name', 'profile', 'ratio', 'total']"
+    assert str(info.value) == "'Storage[com.example/fn]' object has no attribute 'cuont'"
+    assert unknown_state_hint(info.value) == (
+        " ('cuont' is not a registered ValueSpec; "
+        "registered: ['big', 'count', 'flag', 'name', 'profile', 'ratio', 'total'])"
     )
-    with pytest.raises(AttributeError, match="registered: none"):
+    with pytest.raises(AttributeError) as info:
         _ = make_storage_class("a/b", [])("a/b", {}).anything
+    assert unknown_state_hint(info.value).endswith("registered: none)")
     with pytest.raises(AttributeError):
         s.cuont = 1
     assert not hasattr(s, "cuont")
     assert not hasattr(s, "__deepcopy_hook__")
     assert storage_mutations(s) == []
+    assert unknown_state_hint(ValueError("x")) == ""
+    assert unknown_state_hint(AttributeError("no obj")) == ""
 
 
 # ---------------------------------------------------------------------------------- writes
