@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from statefun.sdk._messages import EgressMessage, Message
-from statefun.sdk._spec import SdkAddress
+from statefun.sdk._spec import SdkAddress, address_of
 from statefun.sdk._storage import AddressStorage
 from statefun.sdk._types import validate_typename
 
@@ -117,9 +117,14 @@ class InvocationContext(Context):
     )
 
     def __init__(
-        self, address: SdkAddress, storage: AddressStorage, caller: SdkAddress | None = None
+        self,
+        address: SdkAddress | tuple[str, str],
+        storage: AddressStorage,
+        caller: SdkAddress | None = None,
     ) -> None:
-        self._address = address
+        #: an SdkAddress, or the runtime's (typename, id) of it: made one when asked for (an
+        #: embedded function that never reads its address costs no lookup)
+        self._address: Any = address
         self._storage = storage
         self._caller: SdkAddress | None = caller
         #: (``_caller_source``, a protobuf Invocation, is set with ``_UNRESOLVED`` only)
@@ -129,7 +134,10 @@ class InvocationContext(Context):
 
     @property
     def address(self) -> SdkAddress:
-        return self._address
+        address = self._address
+        if type(address) is tuple:  # (an SdkAddress is a named tuple: not this type)
+            address = self._address = address_of(address)
+        return address  # type: ignore[no-any-return]
 
     @property
     def storage(self) -> Any:

@@ -105,7 +105,6 @@ class InboxSlices:
     dispatcher's own fields, declared here, and calls its per-message path)."""
 
     job: DispatcherJob
-    _addresses: dict[AddressKey, SdkAddress]
     _timeline: Timeline | None
     #: the addresses the timeline records (their messages take the per-message path)
     _recorded: Container[AddressKey]
@@ -119,9 +118,6 @@ class InboxSlices:
     batched: bool = True
 
     def _dispatch(self, envelope: Envelope, key_group: int, key: AddressKey) -> int:
-        raise NotImplementedError
-
-    def _address(self, key: AddressKey) -> SdkAddress:
         raise NotImplementedError
 
     def _emit(
@@ -168,7 +164,6 @@ class InboxSlices:
         ``SLICE_SECONDS`` passed), and release them; how many finished."""
         job = self.job
         plans = self._plans
-        addresses = self._addresses
         state = job.state
         get, put = state.get, state.put
         state_types = job.state_types
@@ -181,7 +176,6 @@ class InboxSlices:
         # of messages to one address reads them once (reset whenever other code runs)
         last_key: AddressKey | None = None
         last_values: Any = None
-        address: Any = None
         deadline = perf_counter() + SLICE_SECONDS
         tick = 0
         done = 0
@@ -219,13 +213,7 @@ class InboxSlices:
                     done += self._dispatch(envelope, key_group, key)
                     continue
                 # -- prepare: the values (a copy), the storage and the context
-                if key == last_key:
-                    stored = last_values  # (and its address is still ``address``)
-                else:
-                    stored = get(key_group, key)
-                    address = addresses.get(key)
-                    if address is None:
-                        address = self._address(key)
+                stored = last_values if key == last_key else get(key_group, key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
@@ -233,7 +221,7 @@ class InboxSlices:
                     now = 0
                     values = dict(stored) if stored else {}
                 storage = plan.storage_class(typename, values)
-                context = InvocationContext(address, storage, envelope.caller)
+                context = InvocationContext(key, storage, envelope.caller)
                 value = envelope.value
                 id_ = key[1]
                 if id_ and value is not None:  # what Message() checks (the typename: a plan's)
@@ -286,7 +274,7 @@ class InboxSlices:
                         stats.messages_out += len(messages)
                     if delayed:
                         stats.messages_out += scheduled(delayed)
-                    self._emit(key, address, messages, delayed, ())
+                    self._emit(key, context.address, messages, delayed, ())
                 for record in context.egress:
                     egress_id = record.typename
                     if egress_id is not last_egress:  # (one egress id, mostly)

@@ -69,7 +69,7 @@ from statefun.runtime._stats import FunctionStats
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
-from statefun.sdk._spec import SdkAddress
+from statefun.sdk._spec import SdkAddress, address_of
 from statefun.sdk._storage import unknown_state_hint
 from statefun.sdk._types import TypedValue
 from statefun.state._expiring import ExpiringValue
@@ -181,7 +181,6 @@ class Dispatcher(InboxSlices):
         self._encode_ahead: dict[AddressKey, int] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._addresses: dict[AddressKey, SdkAddress] = {}
         #: per function type, the longest mailbox one of its addresses had (metrics)
         self.mailbox_max: dict[str, int] = {}
         #: remote batches waiting for one of the job's connection slots (metrics)
@@ -267,15 +266,9 @@ class Dispatcher(InboxSlices):
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def _address(self, key: AddressKey) -> SdkAddress:
-        address = self._addresses.get(key)
-        if address is None:
-            if len(self._addresses) > 65_536:
-                self._addresses.clear()
-            typename, id_ = key
-            namespace, _, name = typename.rpartition("/")
-            address = self._addresses[key] = SdkAddress(namespace, name, id_, typename)
-        return address
+    @staticmethod
+    def _address(key: AddressKey) -> SdkAddress:
+        return address_of(key)
 
     def _record(self, key: AddressKey, started: float, envelope: Envelope, context: Any) -> None:
         """An embedded invocation to the admin port's timeline, if it records the address
@@ -338,11 +331,8 @@ class Dispatcher(InboxSlices):
             values = _live_values(stored, now)
         else:
             values = dict(stored) if stored else {}
-        context = InvocationContext(
-            self._address(key), function.function.storage_class(envelope.typename, values)
-        )
-        context._caller = envelope.caller
-        return values, context, now
+        storage = function.function.storage_class(envelope.typename, values)
+        return values, InvocationContext(key, storage, envelope.caller), now
 
     def _failed_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, exc: Exception, started: float
@@ -393,7 +383,7 @@ class Dispatcher(InboxSlices):
             self._record(key, started, envelope, context)
         if context.messages or context.delayed:
             egress = [(r.typename, [r.typed_value]) for r in context.egress]
-            self._emit(key, context._address, context.messages, context.delayed, egress)
+            self._emit(key, context.address, context.messages, context.delayed, egress)
         else:  # only egress records, or nothing: the common case, without _emit's loops
             for record in context.egress:
                 job.egress(record.typename, [record.typed_value])

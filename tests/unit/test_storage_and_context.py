@@ -22,6 +22,7 @@ from statefun.sdk import (
     StringType,
     TypedValue,
     ValueSpec,
+    _spec,
     egress_message_builder,
     kafka_egress_message,
     make_json_type,
@@ -29,6 +30,7 @@ from statefun.sdk import (
 )
 from statefun.sdk._context import DelayedMessage, InvocationContext, address_from_pb
 from statefun.sdk._proto import request_reply_pb2
+from statefun.sdk._spec import address_of
 from statefun.sdk._storage import (
     AddressStorage,
     make_storage_class,
@@ -292,6 +294,28 @@ def test_context_basics() -> None:
     ctx.set_caller(caller)
     assert ctx.caller == caller
     assert (ctx.messages, ctx.delayed, ctx.egress) == ([], [], [])
+
+
+def test_context_of_a_runtime_key_makes_its_address_when_asked() -> None:
+    """The runtime gives its (typename, id); the SdkAddress is made on the first read."""
+    caller = SdkAddress("a", "b", "c", "a/b")
+    ctx = InvocationContext((FN, "id-1"), full_storage(), caller)
+    assert ctx.address == ADDRESS and type(ctx.address) is SdkAddress
+    assert ctx.address is ctx.address
+    assert ctx.caller is caller
+    nested = InvocationContext(("org.x.y/kind", "7"), full_storage()).address
+    assert nested == SdkAddress("org.x.y", "kind", "7", "org.x.y/kind")
+
+
+def test_addresses_made_from_keys_are_kept_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_spec, "_ADDRESSES", {})
+    monkeypatch.setattr(_spec, "_MAX_ADDRESSES", 3)
+    first = address_of((FN, "0"))
+    assert address_of((FN, "0")) is first
+    for index in range(1, 5):
+        assert address_of((FN, str(index))).id == str(index)
+        assert len(_spec._ADDRESSES) <= 3
+    assert address_of((FN, "0")) == first
 
 
 def test_caller_from_protobuf() -> None:
