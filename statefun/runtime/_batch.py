@@ -29,7 +29,7 @@ Guarantees, as for the per-message path:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -106,8 +106,9 @@ class InboxSlices:
 
     job: DispatcherJob
     _timeline: Timeline | None
-    #: the addresses the timeline records (their messages take the per-message path)
-    _recorded: Container[AddressKey]
+    #: the addresses the timeline records (their messages take the per-message path); empty
+    #: (false): none, and no key is hashed to find out
+    _recorded: Collection[AddressKey]
     #: the timeline records every address: every message takes the per-message path
     _record_every: bool
     _sample_mask: int
@@ -206,7 +207,7 @@ class InboxSlices:
                     plan = self._plan(typename)
                 # the per-message path: not a synchronous embedded function, or an address
                 # the timeline records (a synchronous function's address is never busy)
-                if plan is _ELSEWHERE or key in recorded:
+                if plan is _ELSEWHERE or (recorded and key in recorded):
                     if gathered:
                         flush()
                     last_key = None

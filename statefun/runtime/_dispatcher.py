@@ -43,7 +43,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Collection, Iterable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -190,7 +190,7 @@ class Dispatcher(InboxSlices):
         #: the admin port's timeline (None: off): the addresses it records (those looked up;
         #: empty: none, one test per invocation) or every address
         self._timeline = job.timeline
-        self._recorded: Container[AddressKey] = (
+        self._recorded: Collection[AddressKey] = (
             _NONE if job.timeline is None else job.timeline.recorded
         )
         self._record_every = job.timeline is not None and job.timeline.every
