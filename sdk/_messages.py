@@ -205,16 +205,9 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
         validate_typename(target_typename, "egress typename")
     if value is None:
         raise ValueError("value can not be missing")
-    if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
-        if not isinstance(value_type, Type):
-            raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
-        if len(_TYPE_CLASSES) < 256:
-            _TYPE_CLASSES.add(type(value_type))
-    record = _new_object(EgressMessage)  # its fields are checked above
-    record.typename = target_typename
+    data: bytes | None
     if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
         serializer = value_type._serializer
-        data: bytes | None
         if type(value) is int and 0 < value <= serializer.fixed_high:  # (inline: see there)
             data = serializer.fixed_pack(serializer.fixed_tag, value)
         else:
@@ -222,7 +215,14 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
             if data is None:
                 data = serializer.serialize(value)
     else:
+        if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
+            if not isinstance(value_type, Type):
+                raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+            if len(_TYPE_CLASSES) < 256:
+                _TYPE_CLASSES.add(type(value_type))
         data = value_type.serializer().serialize(value)
+    record = _new_object(EgressMessage)  # its fields are checked above
+    record.typename = target_typename
     if data is None:  # (a serializer of the user's that gives no bytes: as TypedValue does)
         record.typed_value = TypedValue(value_type.typename, None)
     else:
