@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from datetime import timedelta
+from operator import attrgetter
 from typing import Any
 
 from statefun.sdk._messages import EgressMessage, Message
@@ -139,9 +140,8 @@ class InvocationContext(Context):
             address = self._address = address_of(address)
         return address  # type: ignore[no-any-return]
 
-    @property
-    def storage(self) -> Any:
-        return self._storage
+    #: (read-only; its getter is C code: no Python call on a function's every state access)
+    storage = property(attrgetter("_storage"), doc="The state of this address.")
 
     @property
     def caller(self) -> SdkAddress | None:

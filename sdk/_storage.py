@@ -91,9 +91,10 @@ def _make_property(spec: ValueSpec) -> property:
 
     def fget(self: AddressStorage) -> Any:
         cache = self._cache
-        value = cache.get(name, _MISSING)
-        if value is not _MISSING:
-            return value
+        if cache:  # (empty on an invocation's first read)
+            value = cache.get(name, _MISSING)
+            if value is not _MISSING:
+                return value
         typed = self._values.get(name)
         if typed is None or not typed.has_value:
             value = None
