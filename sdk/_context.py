@@ -99,6 +99,24 @@ def _check_target(message: Any, what: str) -> None:
 _UNRESOLVED: Any = object()
 
 
+class _NothingSent(list):  # type: ignore[type-arg]
+    """The empty output every new context starts with, one shared instance: a context gets a
+    list of its own when it first sends (an invocation that sends no message, say, allocates
+    no list for messages). It compares, iterates and tests as an empty list, and refuses to
+    change, so nothing can be added to another context's output through it."""
+
+    __slots__ = ()
+
+    def _unchanged(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a context's outputs change through its send methods only")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _unchanged
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _unchanged
+
+
+_NOTHING_SENT: Any = _NothingSent()
+
+
 class InvocationContext(Context):
     """The context of one batch of invocations for one address; it collects the output.
 
@@ -129,9 +147,10 @@ class InvocationContext(Context):
         self._storage = storage
         self._caller: SdkAddress | None = caller
         #: (``_caller_source``, a protobuf Invocation, is set with ``_UNRESOLVED`` only)
-        self.messages: list[Message] = []
-        self.delayed: list[DelayedMessage] = []
-        self.egress: list[EgressMessage] = []
+        # the outputs: a list of their own from the first one sent (see _NothingSent)
+        self.messages: list[Message] = _NOTHING_SENT
+        self.delayed: list[DelayedMessage] = _NOTHING_SENT
+        self.egress: list[EgressMessage] = _NOTHING_SENT
 
     @property
     def address(self) -> SdkAddress:
@@ -160,7 +179,10 @@ class InvocationContext(Context):
 
     def send(self, message: Message) -> None:
         _check_target(message, "send()")
-        self.messages.append(message)
+        if self.messages is _NOTHING_SENT:
+            self.messages = [message]
+        else:
+            self.messages.append(message)
 
     def send_after(
         self, duration: timedelta, message: Message, cancellation_token: str = ""
@@ -177,12 +199,18 @@ class InvocationContext(Context):
             cancellation_token = ""
         elif not isinstance(cancellation_token, str):
             raise TypeError("a cancellation token must be a str")
-        self.delayed.append(DelayedMessage(delay_ms, message, cancellation_token))
+        self._delay(DelayedMessage(delay_ms, message, cancellation_token))
 
     def cancel_delayed_message(self, cancellation_token: str) -> None:
         if not cancellation_token or not isinstance(cancellation_token, str):
             raise ValueError("cancel_delayed_message() needs a non-empty cancellation token")
-        self.delayed.append(DelayedMessage(0, None, cancellation_token))
+        self._delay(DelayedMessage(0, None, cancellation_token))
+
+    def _delay(self, entry: DelayedMessage) -> None:
+        if self.delayed is _NOTHING_SENT:
+            self.delayed = [entry]
+        else:
+            self.delayed.append(entry)
 
     def send_egress(self, message: EgressMessage) -> None:
         if not isinstance(message, EgressMessage):
@@ -194,7 +222,10 @@ class InvocationContext(Context):
         if typename not in _checked_typenames:
             validate_typename(typename, "egress typename")
             _checked_typenames.add(typename)
-        self.egress.append(message)
+        if self.egress is _NOTHING_SENT:
+            self.egress = [message]
+        else:
+            self.egress.append(message)
 
 
 def address_from_pb(pb: Any) -> SdkAddress | None:

@@ -318,6 +318,28 @@ def test_addresses_made_from_keys_are_kept_boundedly(monkeypatch: pytest.MonkeyP
     assert address_of((FN, "0")) == first
 
 
+def test_each_context_gets_outputs_of_its_own_when_it_sends() -> None:
+    """Before sending, every context shows the one shared empty output, which refuses to
+    change; the first send of each kind gives the context a list of its own."""
+    one, two = context(), context()
+    assert one.messages == one.delayed == one.egress == [] and not one.messages
+    for method, args in [("append", (1,)), ("extend", ([1],)), ("insert", (0, 1)), ("clear", ())]:
+        with pytest.raises(TypeError, match="send methods only"):
+            getattr(two.messages, method)(*args)
+    with pytest.raises(TypeError):
+        two.egress += [1]
+    message = message_builder("com.example/other", "x", int_value=1)
+    record = egress_message_builder("com.example/out", 1, IntType)
+    one.send(message)
+    one.send_after(timedelta(seconds=1), message)
+    one.cancel_delayed_message("token")
+    one.send_egress(record)
+    one.send_egress(record)
+    assert one.messages == [message] and one.egress == [record, record]
+    assert [d.cancellation_token for d in one.delayed] == ["", "token"]
+    assert two.messages == two.delayed == two.egress == [] and context().egress == []
+
+
 def test_caller_from_protobuf() -> None:
     ctx = context()
     with_caller = request_reply_pb2.ToFunction.Invocation(
