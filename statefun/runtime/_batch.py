@@ -252,7 +252,7 @@ class InboxSlices:
                 stats.invocations += 1
                 dirty = storage._dirty
                 if dirty or plan.has_ttl:
-                    new = dict(values)  # (the storage may be kept past the call: a copy)
+                    new = values.copy()  # (the storage may be kept past the call: a copy)
                     for name in dirty:  # a deleted state is None in values
                         if new.get(name, _ELSEWHERE) is None:
                             del new[name]
