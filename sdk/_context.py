@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import abc
 from datetime import timedelta
+from operator import attrgetter
 from typing import Any
 
 from statefun.sdk._messages import EgressMessage, Message
-from statefun.sdk._spec import SdkAddress
+from statefun.sdk._spec import SdkAddress, address_of
 from statefun.sdk._storage import AddressStorage
 from statefun.sdk._types import validate_typename
 
@@ -98,6 +99,24 @@ def _check_target(message: Any, what: str) -> None:
 _UNRESOLVED: Any = object()
 
 
+class _NothingSent(list):  # type: ignore[type-arg]
+    """The empty output every new context starts with, one shared instance: a context gets a
+    list of its own when it first sends (an invocation that sends no message, say, allocates
+    no list for messages). It compares, iterates and tests as an empty list, and refuses to
+    change, so nothing can be added to another context's output through it."""
+
+    __slots__ = ()
+
+    def _unchanged(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a context's outputs change through its send methods only")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _unchanged
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _unchanged
+
+
+_NOTHING_SENT: Any = _NothingSent()
+
+
 class InvocationContext(Context):
     """The context of one batch of invocations for one address; it collects the output.
 
@@ -116,22 +135,32 @@ class InvocationContext(Context):
         "messages",
     )
 
-    def __init__(self, address: SdkAddress, storage: AddressStorage) -> None:
-        self._address = address
+    def __init__(
+        self,
+        address: SdkAddress | tuple[str, str],
+        storage: AddressStorage,
+        caller: SdkAddress | None = None,
+    ) -> None:
+        #: an SdkAddress, or the runtime's (typename, id) of it: made one when asked for (an
+        #: embedded function that never reads its address costs no lookup)
+        self._address: Any = address
         self._storage = storage
-        self._caller: SdkAddress | None = None
-        self._caller_source: Any = None
-        self.messages: list[Message] = []
-        self.delayed: list[DelayedMessage] = []
-        self.egress: list[EgressMessage] = []
+        self._caller: SdkAddress | None = caller
+        #: (``_caller_source``, a protobuf Invocation, is set with ``_UNRESOLVED`` only)
+        # the outputs: a list of their own from the first one sent (see _NothingSent)
+        self.messages: list[Message] = _NOTHING_SENT
+        self.delayed: list[DelayedMessage] = _NOTHING_SENT
+        self.egress: list[EgressMessage] = _NOTHING_SENT
 
     @property
     def address(self) -> SdkAddress:
-        return self._address
+        address = self._address
+        if type(address) is tuple:  # (an SdkAddress is a named tuple: not this type)
+            address = self._address = address_of(address)
+        return address  # type: ignore[no-any-return]
 
-    @property
-    def storage(self) -> Any:
-        return self._storage
+    #: (read-only; its getter is C code: no Python call on a function's every state access)
+    storage = property(attrgetter("_storage"), doc="The state of this address.")
 
     @property
     def caller(self) -> SdkAddress | None:
@@ -150,7 +179,10 @@ class InvocationContext(Context):
 
     def send(self, message: Message) -> None:
         _check_target(message, "send()")
-        self.messages.append(message)
+        if self.messages is _NOTHING_SENT:
+            self.messages = [message]
+        else:
+            self.messages.append(message)
 
     def send_after(
         self, duration: timedelta, message: Message, cancellation_token: str = ""
@@ -167,12 +199,18 @@ class InvocationContext(Context):
             cancellation_token = ""
         elif not isinstance(cancellation_token, str):
             raise TypeError("a cancellation token must be a str")
-        self.delayed.append(DelayedMessage(delay_ms, message, cancellation_token))
+        self._delay(DelayedMessage(delay_ms, message, cancellation_token))
 
     def cancel_delayed_message(self, cancellation_token: str) -> None:
         if not cancellation_token or not isinstance(cancellation_token, str):
             raise ValueError("cancel_delayed_message() needs a non-empty cancellation token")
-        self.delayed.append(DelayedMessage(0, None, cancellation_token))
+        self._delay(DelayedMessage(0, None, cancellation_token))
+
+    def _delay(self, entry: DelayedMessage) -> None:
+        if self.delayed is _NOTHING_SENT:
+            self.delayed = [entry]
+        else:
+            self.delayed.append(entry)
 
     def send_egress(self, message: EgressMessage) -> None:
         if not isinstance(message, EgressMessage):
@@ -184,7 +222,10 @@ class InvocationContext(Context):
         if typename not in _checked_typenames:
             validate_typename(typename, "egress typename")
             _checked_typenames.add(typename)
-        self.egress.append(message)
+        if self.egress is _NOTHING_SENT:
+            self.egress = [message]
+        else:
+            self.egress.append(message)
 
 
 def address_from_pb(pb: Any) -> SdkAddress | None:

@@ -19,11 +19,14 @@ from statefun.sdk._types import (
     Type,
     TypedValue,
     _decode_int,
+    _WrapperSerializer,
     _WrapperType,
     validate_typename,
 )
 
 _INT_TYPENAME = IntType.typename
+_INT: _WrapperSerializer = IntType.serializer()  # type: ignore[assignment]
+_INT_SIZE, _INT_TAG, _INT_UNPACK = _INT.fixed_size, _INT.fixed_tag, _INT.fixed_unpack
 
 __all__ = [
     "EgressMessage",
@@ -88,9 +91,14 @@ class Message:
     def as_int(self) -> int | None:
         tv = self.typed_value
         if tv.typename == _INT_TYPENAME:  # the common case: the value's own type, decoded here
-            value = _decode_int(tv.value) if tv.has_value else None
+            if not tv.has_value:
+                return None
+            data = tv.value
+            if len(data) == _INT_SIZE and data[0] == _INT_TAG:  # (inline: _WrapperSerializer)
+                return _INT_UNPACK(data, 1)[0]  # type: ignore[no-any-return]
+            value = _decode_int(data)
             if value is not _SLOW:
-                return value
+                return value  # type: ignore[no-any-return]
         return self.as_type(IntType)  # type: ignore[no-any-return]
 
     def is_bool(self) -> bool:
@@ -197,20 +205,24 @@ def egress_message_builder(target_typename: str, value: Any, value_type: Type) -
         validate_typename(target_typename, "egress typename")
     if value is None:
         raise ValueError("value can not be missing")
-    if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
-        if not isinstance(value_type, Type):
-            raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
-        if len(_TYPE_CLASSES) < 256:
-            _TYPE_CLASSES.add(type(value_type))
-    record = _new_object(EgressMessage)  # its fields are checked above
-    record.typename = target_typename
+    data: bytes | None
     if type(value_type) is _WrapperType:  # a built-in type: its encoder without the wrapper
         serializer = value_type._serializer
-        data = serializer._encode(value)
-        if data is None:
-            data = serializer.serialize(value)
+        if type(value) is int and 0 < value <= serializer.fixed_high:  # (inline: see there)
+            data = serializer.fixed_pack(serializer.fixed_tag, value)
+        else:
+            data = serializer._encode(value)
+            if data is None:
+                data = serializer.serialize(value)
     else:
+        if type(value_type) not in _TYPE_CLASSES:  # (an ABC's isinstance costs more)
+            if not isinstance(value_type, Type):
+                raise ValueError(f"value_type must be a statefun Type, got {value_type!r}")
+            if len(_TYPE_CLASSES) < 256:
+                _TYPE_CLASSES.add(type(value_type))
         data = value_type.serializer().serialize(value)
+    record = _new_object(EgressMessage)  # its fields are checked above
+    record.typename = target_typename
     if data is None:  # (a serializer of the user's that gives no bytes: as TypedValue does)
         record.typed_value = TypedValue(value_type.typename, None)
     else:

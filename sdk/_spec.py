@@ -9,7 +9,7 @@ from typing import NamedTuple
 from statefun._exceptions import InvalidSpecError
 from statefun.sdk._types import Type
 
-__all__ = ["SdkAddress", "ValueSpec"]
+__all__ = ["SdkAddress", "ValueSpec", "address_of"]
 
 _ONE_MS = timedelta(milliseconds=1)
 
@@ -25,6 +25,23 @@ class SdkAddress(NamedTuple):
     name: str
     id: str
     typename: str
+
+
+#: (typename, id) -> its SdkAddress: the addresses made lately (bounded: cleared when full)
+_ADDRESSES: dict[tuple[str, str], SdkAddress] = {}
+_MAX_ADDRESSES = 65_536
+
+
+def address_of(key: tuple[str, str]) -> SdkAddress:
+    """The SdkAddress of ``key``, a function typename (``namespace/name``) and an id."""
+    address = _ADDRESSES.get(key)
+    if address is None:
+        if len(_ADDRESSES) >= _MAX_ADDRESSES:
+            _ADDRESSES.clear()
+        typename, id_ = key
+        namespace, _, name = typename.rpartition("/")
+        address = _ADDRESSES[key] = SdkAddress(namespace, name, id_, typename)
+    return address
 
 
 class ValueSpec:

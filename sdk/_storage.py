@@ -26,9 +26,11 @@ from statefun.sdk._types import (
     _WrapperSerializer,
 )
 
-__all__ = ["AddressStorage", "make_storage_class", "storage_mutations"]
+__all__ = ["AddressStorage", "make_storage_class", "storage_mutations", "unknown_state_hint"]
 
 _MISSING: Any = object()
+#: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
+_NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
@@ -43,7 +45,14 @@ _READS_BACK_AS_WRITTEN: dict[Type, type] = {
 
 
 class AddressStorage:
-    """Base of the generated storage classes. Its state is private to the SDK and runtime."""
+    """Base of the generated storage classes. Its state is private to the SDK and runtime.
+
+    No ``__getattr__``: with one, every attribute of an instance is looked up through it, on
+    the path of every state read and write (and CPython 3.11 does not specialize the
+    lookups). A name no ValueSpec declares raises Python's own AttributeError, which names
+    the generated class (``Storage[<function typename>]``) and the name;
+    ``unknown_state_hint`` adds the registered names where a failure is reported.
+    """
 
     __slots__ = ("_cache", "_dirty", "_typename", "_values")
 
@@ -56,15 +65,6 @@ class AddressStorage:
         self._values = values
         self._cache: dict[str, Any] = {}
         self._dirty: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached when no property of that name exists.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
-            f"{name!r} is not a registered ValueSpec of function {self._typename!r}; "
-            f"registered: {sorted(self._specs) or 'none'}"
-        )
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -81,13 +81,20 @@ def _make_property(spec: ValueSpec) -> property:
     wrapped = type(serializer) is _WrapperSerializer
     encode = serializer._encode if wrapped else serialize  # type: ignore[attr-defined]
     decode = serializer._decode if wrapped else deserialize  # type: ignore[attr-defined]
+    # A fixed-width integer's common case, inline (see _WrapperSerializer): nothing else
+    # matches (size -1, high 0)
+    fixed: Any = serializer if wrapped else _NOT_FIXED
+    tag, size, high = fixed.fixed_tag, fixed.fixed_size, fixed.fixed_high
+    pack, unpack = fixed.fixed_pack, fixed.fixed_unpack
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
 
     def fget(self: AddressStorage) -> Any:
-        value = self._cache.get(name, _MISSING)
-        if value is not _MISSING:
-            return value
+        cache = self._cache
+        if cache:  # (empty on an invocation's first read)
+            value = cache.get(name, _MISSING)
+            if value is not _MISSING:
+                return value
         typed = self._values.get(name)
         if typed is None or not typed.has_value:
             value = None
@@ -97,39 +104,51 @@ def _make_property(spec: ValueSpec) -> property:
                 f"{typed.typename!r}, but its ValueSpec declares {typename!r}"
             )
         else:
-            try:
-                value = decode(typed.value)
-                if value is _SLOW:
-                    value = deserialize(typed.value)
-            except Exception as exc:
-                raise ValueDecodeError(
-                    f"state {name!r} of {self._typename!r} holds {len(typed.value)} bytes that "
-                    f"are not a valid {typename}: {type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())}"
-                ) from exc
+            data = typed.value
+            if len(data) == size and data[0] == tag:
+                value = unpack(data, 1)[0]
+            else:
+                try:
+                    value = decode(data)
+                    if value is _SLOW:
+                        value = deserialize(data)
+                except Exception as exc:
+                    raise ValueDecodeError(
+                        f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
+                        f"are not a valid {typename}: {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())}"
+                    ) from exc
         if cacheable or value is None:
-            self._cache[name] = value
+            cache[name] = value
         return value
 
     def fset(self: AddressStorage, value: Any) -> None:
-        if value is None:
-            raise ValueError(f"state {name!r}: cannot store None; use `del context.storage.{name}`")
-        data = encode(value)
-        if data is None and wrapped:
-            data = serialize(value)
-        if data is None:  # (a serializer of the user's that gives no bytes)
-            self._values[name] = TypedValue(typename, None)
-        else:  # TypedValue(typename, data) without its __init__'s call
-            typed = self._values[name] = _new_object(TypedValue)
-            typed.typename = typename
-            typed.has_value = True
-            typed.value = data
-        if type(value) is reads_back_as:
+        typed = _new_object(TypedValue)  # TypedValue(typename, data) without its __init__
+        typed.typename = typename
+        typed.has_value = True
+        if type(value) is int and 0 < value <= high:  # (then reads_back_as is int)
+            typed.value = pack(tag, value)
             self._cache[name] = value
         else:
-            self._cache.pop(name, None)
-        if name not in self._dirty:
-            self._dirty.append(name)
+            if value is None:
+                raise ValueError(
+                    f"state {name!r}: cannot store None; use `del context.storage.{name}`"
+                )
+            data = encode(value)
+            if data is None and wrapped:
+                data = serialize(value)
+            if data is None:  # (a serializer of the user's that gives no bytes)
+                typed = TypedValue(typename, None)
+            else:
+                typed.value = data
+            if type(value) is reads_back_as:
+                self._cache[name] = value
+            else:
+                self._cache.pop(name, None)
+        self._values[name] = typed
+        dirty = self._dirty
+        if name not in dirty:
+            dirty.append(name)
 
     def fdel(self: AddressStorage) -> None:
         self._values[name] = None
@@ -164,3 +183,15 @@ def storage_mutations(storage: AddressStorage) -> list[tuple[str, TypedValue | N
     if len(dirty) > 1:  # in the order of the ValueSpecs, as StateFun's SDK sends them
         return [(name, values[name]) for name in storage._specs if name in dirty]
     return [(name, values[name]) for name in dirty]
+
+
+def unknown_state_hint(exc: BaseException) -> str:
+    """For the AttributeError of reading a name no ValueSpec declares from a storage: which
+    names the function registered (for the failure's message); otherwise ``""``."""
+    if type(exc) is not AttributeError:
+        return ""
+    storage = getattr(exc, "obj", None)
+    if not isinstance(storage, AddressStorage) or exc.name in storage._specs:
+        return ""
+    registered = sorted(storage._specs) or "none"
+    return f" ({exc.name!r} is not a registered ValueSpec; registered: {registered})"

@@ -215,22 +215,52 @@ _pack_tagged_i64 = struct.Struct("<Bq").pack  # a LongWrapper's: field 1, fixed 
 _unpack_i64 = struct.Struct("<q").unpack_from
 
 
-class _WrapperSerializer(TypeSerializer):
-    """Hand-written fast path with the generated wrapper message as the reference."""
+#: a fixed-width integer wrapper's common case: tag, size, highest value, pack, unpack_from
+_FixedWidth = tuple[int, int, int, Callable[[int, int], bytes], Callable[..., Any]]
 
-    __slots__ = ("_decode", "_encode", "_wrapper")
+
+class _WrapperSerializer(TypeSerializer):
+    """Hand-written fast path with the generated wrapper message as the reference.
+
+    A wrapper of a fixed-width integer (IntWrapper, LongWrapper) also describes its common
+    case, which the hot paths (storage properties, ``Message.as_int``, the builders) encode
+    and decode inline, without a call: a positive int up to ``fixed_high`` is the byte
+    ``fixed_tag`` then the value, little-endian, ``fixed_size`` bytes in all. For the other
+    wrappers ``fixed_size`` is -1 and ``fixed_high`` 0: nothing matches.
+    """
+
+    __slots__ = (
+        "_decode",
+        "_encode",
+        "_wrapper",
+        "fixed_high",
+        "fixed_pack",
+        "fixed_size",
+        "fixed_tag",
+        "fixed_unpack",
+    )
 
     def __init__(
         self,
         wrapper: Any,
         encode: Callable[[Any], bytes | None],
         decode: Callable[[bytes], Any],
+        fixed: _FixedWidth | None = None,
     ) -> None:
         self._wrapper = wrapper
         self._encode = encode
         self._decode = decode
+        #: (tag, size, high, pack, unpack) of a fixed-width integer's common case
+        tag, size, high, pack, unpack = fixed or (-1, -1, 0, _pack_tagged_i32, _unpack_i32)
+        self.fixed_tag = tag
+        self.fixed_size = size
+        self.fixed_high = high
+        self.fixed_pack = pack
+        self.fixed_unpack = unpack
 
     def serialize(self, value: Any) -> bytes:
+        if type(value) is int and 0 < value <= self.fixed_high:
+            return self.fixed_pack(self.fixed_tag, value)
         data = self._encode(value)
         if data is None:  # a value the fast path leaves to protobuf
             message = self._wrapper()
@@ -239,6 +269,8 @@ class _WrapperSerializer(TypeSerializer):
         return data
 
     def deserialize(self, data: bytes) -> Any:
+        if len(data) == self.fixed_size and data[0] == self.fixed_tag:
+            return self.fixed_unpack(data, 1)[0]
         value = self._decode(data)
         if value is _SLOW:
             value = self._wrapper.FromString(data).value
@@ -356,11 +388,21 @@ BoolType: Type = _WrapperType(
 )
 IntType: Type = _WrapperType(
     "io.statefun.types/int",
-    _WrapperSerializer(types_pb2.IntWrapper, _encode_int, _decode_int),
+    _WrapperSerializer(
+        types_pb2.IntWrapper,
+        _encode_int,
+        _decode_int,
+        (0x0D, 5, 0x7FFFFFFF, _pack_tagged_i32, _unpack_i32),
+    ),
 )
 LongType: Type = _WrapperType(
     "io.statefun.types/long",
-    _WrapperSerializer(types_pb2.LongWrapper, _encode_long, _decode_long),
+    _WrapperSerializer(
+        types_pb2.LongWrapper,
+        _encode_long,
+        _decode_long,
+        (0x09, 9, 0x7FFFFFFFFFFFFFFF, _pack_tagged_i64, _unpack_i64),
+    ),
 )
 FloatType: Type = _WrapperType(
     "io.statefun.types/float",

@@ -20,7 +20,24 @@ from collections.abc import Callable
 from statefun._settings import Settings
 from statefun.runtime._functions import FunctionRegistry, RemoteFunction
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Gate"]
+
+
+class Gate(asyncio.Event):
+    """The sources' gate: an ``asyncio.Event`` whose state is also a plain attribute, ``open``
+    (tested for every record a source submits: ``is_set()`` is a call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = False
+
+    def set(self) -> None:
+        self.open = True
+        super().set()
+
+    def clear(self) -> None:
+        self.open = False
+        super().clear()
 
 
 class Admission:
@@ -39,7 +56,7 @@ class Admission:
         #: per function typename: (a remote function?, its batch limit); see _kind
         self._kinds: dict[str, tuple[bool, int]] = {}
         #: set while the sources may go on
-        self.room = asyncio.Event()
+        self.room = Gate()
         self.room.set()
         #: addresses whose mailbox is past its batch limit: sources wait until batches take them
         #: back within it (note_mailbox, mailbox_taken)

@@ -29,7 +29,7 @@ Guarantees, as for the per-message path:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,8 @@ class _Plan:
         self.stats = function.stats
 
 
+_new_object = object.__new__
+
 #: a function type the slice loop hands to the per-message path
 _ELSEWHERE: Any = object()
 
@@ -103,10 +105,10 @@ class InboxSlices:
     dispatcher's own fields, declared here, and calls its per-message path)."""
 
     job: DispatcherJob
-    _addresses: dict[AddressKey, SdkAddress]
     _timeline: Timeline | None
-    #: the addresses the timeline records (their messages take the per-message path)
-    _recorded: Container[AddressKey]
+    #: the addresses the timeline records (their messages take the per-message path); empty
+    #: (false): none, and no key is hashed to find out
+    _recorded: Collection[AddressKey]
     #: the timeline records every address: every message takes the per-message path
     _record_every: bool
     _sample_mask: int
@@ -117,9 +119,6 @@ class InboxSlices:
     batched: bool = True
 
     def _dispatch(self, envelope: Envelope, key_group: int, key: AddressKey) -> int:
-        raise NotImplementedError
-
-    def _address(self, key: AddressKey) -> SdkAddress:
         raise NotImplementedError
 
     def _emit(
@@ -166,7 +165,6 @@ class InboxSlices:
         ``SLICE_SECONDS`` passed), and release them; how many finished."""
         job = self.job
         plans = self._plans
-        addresses = self._addresses
         state = job.state
         get, put = state.get, state.put
         state_types = job.state_types
@@ -179,7 +177,6 @@ class InboxSlices:
         # of messages to one address reads them once (reset whenever other code runs)
         last_key: AddressKey | None = None
         last_values: Any = None
-        address: Any = None
         deadline = perf_counter() + SLICE_SECONDS
         tick = 0
         done = 0
@@ -210,20 +207,14 @@ class InboxSlices:
                     plan = self._plan(typename)
                 # the per-message path: not a synchronous embedded function, or an address
                 # the timeline records (a synchronous function's address is never busy)
-                if plan is _ELSEWHERE or key in recorded:
+                if plan is _ELSEWHERE or (recorded and key in recorded):
                     if gathered:
                         flush()
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
                     continue
                 # -- prepare: the values (a copy), the storage and the context
-                if key == last_key:
-                    stored = last_values  # (and its address is still ``address``)
-                else:
-                    stored = get(key_group, key)
-                    address = addresses.get(key)
-                    if address is None:
-                        address = self._address(key)
+                stored = last_values if key == last_key else get(key_group, key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
@@ -231,13 +222,23 @@ class InboxSlices:
                     now = 0
                     values = dict(stored) if stored else {}
                 storage = plan.storage_class(typename, values)
-                context = InvocationContext(address, storage)
-                context._caller = envelope.caller
+                context = InvocationContext(key, storage, envelope.caller)
+                value = envelope.value
+                id_ = key[1]
+                if id_ and value is not None:  # what Message() checks (the typename: a plan's)
+                    message = _new_object(Message)
+                    message.target_typename = typename
+                    message.target_id = id_
+                    message.typed_value = value
+                else:  # (it raises, in the call's try, as the per-message path's does)
+                    message = None
                 stats = plan.stats
                 began = 0.0 if stats.invocations & sample_mask else perf_counter()
                 # -- call
                 try:
-                    plan.fun(context, Message(typename, key[1], envelope.value))
+                    if message is None:
+                        message = Message(typename, id_, value)
+                    plan.fun(context, message)
                 except Exception as exc:
                     if gathered:
                         flush()
@@ -251,7 +252,7 @@ class InboxSlices:
                 stats.invocations += 1
                 dirty = storage._dirty
                 if dirty or plan.has_ttl:
-                    new = dict(values)  # (the storage may be kept past the call: a copy)
+                    new = values.copy()  # (the storage may be kept past the call: a copy)
                     for name in dirty:  # a deleted state is None in values
                         if new.get(name, _ELSEWHERE) is None:
                             del new[name]
@@ -274,7 +275,7 @@ class InboxSlices:
                         stats.messages_out += len(messages)
                     if delayed:
                         stats.messages_out += scheduled(delayed)
-                    self._emit(key, address, messages, delayed, ())
+                    self._emit(key, context.address, messages, delayed, ())
                 for record in context.egress:
                     egress_id = record.typename
                     if egress_id is not last_egress:  # (one egress id, mostly)

@@ -43,7 +43,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Collection, Iterable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,7 +69,8 @@ from statefun.runtime._stats import FunctionStats
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._proto import request_reply_pb2 as pb
-from statefun.sdk._spec import SdkAddress
+from statefun.sdk._spec import SdkAddress, address_of
+from statefun.sdk._storage import unknown_state_hint
 from statefun.sdk._types import TypedValue
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
@@ -180,7 +181,6 @@ class Dispatcher(InboxSlices):
         self._encode_ahead: dict[AddressKey, int] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._addresses: dict[AddressKey, SdkAddress] = {}
         #: per function type, the longest mailbox one of its addresses had (metrics)
         self.mailbox_max: dict[str, int] = {}
         #: remote batches waiting for one of the job's connection slots (metrics)
@@ -190,7 +190,7 @@ class Dispatcher(InboxSlices):
         #: the admin port's timeline (None: off): the addresses it records (those looked up;
         #: empty: none, one test per invocation) or every address
         self._timeline = job.timeline
-        self._recorded: Container[AddressKey] = (
+        self._recorded: Collection[AddressKey] = (
             _NONE if job.timeline is None else job.timeline.recorded
         )
         self._record_every = job.timeline is not None and job.timeline.every
@@ -201,17 +201,20 @@ class Dispatcher(InboxSlices):
 
     def offer(self, envelope: Envelope, key_group: int, key: AddressKey) -> None:
         """Take ``envelope`` for ``key`` (its typename and id) in ``key_group``."""
-        if not self.inbox:
-            # Nothing waits before it: a message to an address with a batch in flight joins
-            # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
-            # is full, not a whole poll later, and the loop is free when the reply comes.
-            mailbox = self.busy.get(key)
-            if mailbox is not None:
-                self._wait_in_mailbox(key, mailbox, envelope)
-                return
-        self.inbox.append((envelope, key_group, key))
-        if not self._wake.is_set():
-            self._wake.set()
+        inbox = self.inbox
+        if inbox:
+            # (``run`` waits for ``_wake`` only once it found the inbox empty: it is set)
+            inbox.append((envelope, key_group, key))
+            return
+        # Nothing waits before it: a message to an address with a batch in flight joins
+        # its mailbox now, so an ingress stops (``note_mailbox``) as soon as the mailbox
+        # is full, not a whole poll later, and the loop is free when the reply comes.
+        mailbox = self.busy.get(key)
+        if mailbox is not None:
+            self._wait_in_mailbox(key, mailbox, envelope)
+            return
+        inbox.append((envelope, key_group, key))
+        self._wake.set()
 
     def messages(self) -> list[Envelope]:
         """Every message this subtask holds, in the order it would handle them per address."""
@@ -263,15 +266,9 @@ class Dispatcher(InboxSlices):
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def _address(self, key: AddressKey) -> SdkAddress:
-        address = self._addresses.get(key)
-        if address is None:
-            if len(self._addresses) > 65_536:
-                self._addresses.clear()
-            typename, id_ = key
-            namespace, _, name = typename.rpartition("/")
-            address = self._addresses[key] = SdkAddress(namespace, name, id_, typename)
-        return address
+    @staticmethod
+    def _address(key: AddressKey) -> SdkAddress:
+        return address_of(key)
 
     def _record(self, key: AddressKey, started: float, envelope: Envelope, context: Any) -> None:
         """An embedded invocation to the admin port's timeline, if it records the address
@@ -334,11 +331,8 @@ class Dispatcher(InboxSlices):
             values = _live_values(stored, now)
         else:
             values = dict(stored) if stored else {}
-        context = InvocationContext(
-            self._address(key), function.function.storage_class(envelope.typename, values)
-        )
-        context._caller = envelope.caller
-        return values, context, now
+        storage = function.function.storage_class(envelope.typename, values)
+        return values, InvocationContext(key, storage, envelope.caller), now
 
     def _failed_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, exc: Exception, started: float
@@ -354,7 +348,7 @@ class Dispatcher(InboxSlices):
             [envelope],
             kind(
                 f"function {function.typename} failed on {envelope.id!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}{unknown_state_hint(exc)}"
             ),
             cause=exc,
         )
@@ -389,7 +383,7 @@ class Dispatcher(InboxSlices):
             self._record(key, started, envelope, context)
         if context.messages or context.delayed:
             egress = [(r.typename, [r.typed_value]) for r in context.egress]
-            self._emit(key, context._address, context.messages, context.delayed, egress)
+            self._emit(key, context.address, context.messages, context.delayed, egress)
         else:  # only egress records, or nothing: the common case, without _emit's loops
             for record in context.egress:
                 job.egress(record.typename, [record.typed_value])

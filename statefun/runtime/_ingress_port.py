@@ -46,7 +46,7 @@ class IngressPort(IngressStats):
     async def submit(
         self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None
     ) -> None:
-        if not self._room.is_set():
+        if not self._room.open:
             await self.room()
         self.records += 1
         self._send(Envelope(typename, id_, value, caller))
@@ -63,7 +63,7 @@ class IngressPort(IngressStats):
             self.blocked_seconds += time.monotonic() - began
 
     def has_room(self) -> bool:
-        return self._room.is_set()
+        return self._room.open
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         self.records += 1

@@ -91,7 +91,7 @@ class Router(Admission):
         pending, pending_remote = self.pending, self.pending_remote
         try:
             for index in range(start, len(messages)):
-                if not room.is_set():
+                if not room.open:
                     return index
                 id_, value = messages[index]
                 address = (typename, id_)
@@ -122,13 +122,13 @@ class Router(Admission):
         key_group = self._key_groups.get(address)
         if key_group is None:
             key_group = self._new_key_group(address)
-        self.pending += 1
+        self.pending = pending = self.pending + 1
         if (self._kinds.get(typename) or self._kind(typename))[0]:
             self.pending_remote += 1
             full = self.pending_remote >= self.settings.max_in_flight_remote_messages
         else:
-            full = self.pending - self.pending_remote >= self.settings.max_in_flight_messages
-        if full and self.room.is_set():
+            full = pending - self.pending_remote >= self.settings.max_in_flight_messages
+        if full and self.room.open:
             self.room.clear()
         self.subtask_of[key_group].offer(envelope, key_group, address)
 

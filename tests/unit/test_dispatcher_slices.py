@@ -34,7 +34,9 @@ from statefun import (
     message_builder,
 )
 from statefun.runtime._dispatcher import Dispatcher
+from statefun.runtime._envelope import Envelope
 from statefun.runtime._timeline import Timeline
+from statefun.sdk._types import to_typed_value
 from statefun.testing import JobHarness
 
 functions = StatefulFunctions()
@@ -52,6 +54,8 @@ def count(context: Context, message: Message) -> None:
         storage.count = -1  # written, then the call fails: nothing of it may stay
         context.send_egress(egress_message_builder(OUT, "never", StringType))
         raise ValueError("boom")
+    if word == "typo":
+        _ = storage.cuont  # no such state: AttributeError (the failure names the registered)
     if word == "del":
         del storage.count
         del storage.last
@@ -128,7 +132,7 @@ spec:
   id: {SIDE}
 """
 
-WORDS = ["a", "b", "boom", "del", "side", "lost", "later", "cancel", "read"]
+WORDS = ["a", "b", "boom", "typo", "del", "side", "lost", "later", "cancel", "read"]
 TARGETS = ["t/count", "t/count", "t/count", "t/relay", "t/ttl", "t/async"]
 IDS = ["x", "y", "z"]
 #: one step: send these messages (target, id, word), then let this many ms pass
@@ -257,6 +261,36 @@ def test_a_run_to_one_address_and_a_failure_inside_it(module: Path) -> None:
         "function t/count failed on 'x'"
     ]
     assert sliced["counters"]["t/count"][:3] == (5, 0, 1)
+
+
+def test_an_unregistered_state_fails_with_the_registered_names(module: Path) -> None:
+    """Reading a state no ValueSpec declares fails the invocation; the dead letter names the
+    registered states."""
+    workload: list[Step] = [([("t/count", "x", "typo"), ("t/count", "x", "a")], 0)]
+    sliced = run(module, workload, batched=True, slice_size=512)
+    assert sliced == run(module, workload, batched=False, slice_size=512)
+    assert sliced["out"] == ["x:1:a"]
+    assert [d[3] for d in sliced["dead letters"]] == [
+        "function t/count failed on 'x': AttributeError: 'Storage[t/count]' object has no "
+        "attribute 'cuont' ('cuont' is not a registered ValueSpec; registered: ['count', 'last'])"
+    ]
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_message_to_an_empty_id_fails_as_its_message_cannot_be_built(
+    module: Path, batched: bool
+) -> None:
+    """No ingress sends an empty id, but a restored or hand-made envelope may: the function's
+    Message refuses it, so the invocation fails (dead letter), in a slice as per message."""
+    Dispatcher.batched = batched
+    with JobHarness(module, overrides={"remote_failure_policy": "dead-letter"}) as job:
+        for id_ in ("", "x"):
+            job._job.send(Envelope("t/count", id_, to_typed_value(StringType, "a"), None))
+        job.run_until_idle()
+        assert job.egress(OUT).records == ["x:1:a"]
+        assert [r["reason"] for r in job.dead_letters] == [
+            "function t/count failed on '': ValueError: target_id can not be missing"
+        ]
 
 
 def _sink_writes(job: JobHarness) -> list[int]:

@@ -22,6 +22,7 @@ from statefun.sdk import (
     StringType,
     TypedValue,
     ValueSpec,
+    _spec,
     egress_message_builder,
     kafka_egress_message,
     make_json_type,
@@ -29,7 +30,13 @@ from statefun.sdk import (
 )
 from statefun.sdk._context import DelayedMessage, InvocationContext, address_from_pb
 from statefun.sdk._proto import request_reply_pb2
-from statefun.sdk._storage import AddressStorage, make_storage_class, storage_mutations
+from statefun.sdk._spec import address_of
+from statefun.sdk._storage import (
+    AddressStorage,
+    make_storage_class,
+    storage_mutations,
+    unknown_state_hint,
+)
 
 FN = "com.example/fn"
 JSON = make_json_type("com.example/Json")
@@ -113,17 +120,21 @@ def test_unknown_attribute() -> None:
     s = full_storage()
     with pytest.raises(AttributeError) as info:
         _ = s.cuont
-    assert str(info.value) == (
-        "'cuont' is not a registered ValueSpec of function 'com.example/fn'; "
-        "registered: ['big', 'count', 'flag', 'name', 'profile', 'ratio', 'total']"
+    assert str(info.value) == "'Storage[com.example/fn]' object has no attribute 'cuont'"
+    assert unknown_state_hint(info.value) == (
+        " ('cuont' is not a registered ValueSpec; "
+        "registered: ['big', 'count', 'flag', 'name', 'profile', 'ratio', 'total'])"
     )
-    with pytest.raises(AttributeError, match="registered: none"):
+    with pytest.raises(AttributeError) as info:
         _ = make_storage_class("a/b", [])("a/b", {}).anything
+    assert unknown_state_hint(info.value).endswith("registered: none)")
     with pytest.raises(AttributeError):
         s.cuont = 1
     assert not hasattr(s, "cuont")
     assert not hasattr(s, "__deepcopy_hook__")
     assert storage_mutations(s) == []
+    assert unknown_state_hint(ValueError("x")) == ""
+    assert unknown_state_hint(AttributeError("no obj")) == ""
 
 
 # ---------------------------------------------------------------------------------- writes
@@ -283,6 +294,50 @@ def test_context_basics() -> None:
     ctx.set_caller(caller)
     assert ctx.caller == caller
     assert (ctx.messages, ctx.delayed, ctx.egress) == ([], [], [])
+
+
+def test_context_of_a_runtime_key_makes_its_address_when_asked() -> None:
+    """The runtime gives its (typename, id); the SdkAddress is made on the first read."""
+    caller = SdkAddress("a", "b", "c", "a/b")
+    ctx = InvocationContext((FN, "id-1"), full_storage(), caller)
+    assert ctx.address == ADDRESS and type(ctx.address) is SdkAddress
+    assert ctx.address is ctx.address
+    assert ctx.caller is caller
+    nested = InvocationContext(("org.x.y/kind", "7"), full_storage()).address
+    assert nested == SdkAddress("org.x.y", "kind", "7", "org.x.y/kind")
+
+
+def test_addresses_made_from_keys_are_kept_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_spec, "_ADDRESSES", {})
+    monkeypatch.setattr(_spec, "_MAX_ADDRESSES", 3)
+    first = address_of((FN, "0"))
+    assert address_of((FN, "0")) is first
+    for index in range(1, 5):
+        assert address_of((FN, str(index))).id == str(index)
+        assert len(_spec._ADDRESSES) <= 3
+    assert address_of((FN, "0")) == first
+
+
+def test_each_context_gets_outputs_of_its_own_when_it_sends() -> None:
+    """Before sending, every context shows the one shared empty output, which refuses to
+    change; the first send of each kind gives the context a list of its own."""
+    one, two = context(), context()
+    assert one.messages == one.delayed == one.egress == [] and not one.messages
+    for method, args in [("append", (1,)), ("extend", ([1],)), ("insert", (0, 1)), ("clear", ())]:
+        with pytest.raises(TypeError, match="send methods only"):
+            getattr(two.messages, method)(*args)
+    with pytest.raises(TypeError):
+        two.egress += [1]
+    message = message_builder("com.example/other", "x", int_value=1)
+    record = egress_message_builder("com.example/out", 1, IntType)
+    one.send(message)
+    one.send_after(timedelta(seconds=1), message)
+    one.cancel_delayed_message("token")
+    one.send_egress(record)
+    one.send_egress(record)
+    assert one.messages == [message] and one.egress == [record, record]
+    assert [d.cancellation_token for d in one.delayed] == ["", "token"]
+    assert two.messages == two.delayed == two.egress == [] and context().egress == []
 
 
 def test_caller_from_protobuf() -> None:
