@@ -179,21 +179,21 @@ class EpochHttp:
         False: this epoch was detached while waiting for room (send it to the next one).
         ``deadline`` (the loop's clock) bounds the wait for room: then UnavailableError."""
         job = self.job
-        if not job.has_room():  # until there is room, the epoch is gone, or the deadline
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        while self.attached and not job.has_room():  # (another request may take the room)
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise UnavailableError(
+                    f"not accepted: worker {self._owner.config.worker_id}'s job had no room for "
+                    "it in time (cluster_http_wait_ms); retry"
+                )
             room = asyncio.ensure_future(job.room())
             gone = asyncio.ensure_future(self._detached.wait())
-            left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
                 await asyncio.wait((room, gone), timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 room.cancel()
                 gone.cancel()
-            if self.attached and not job.has_room():
-                raise UnavailableError(
-                    f"not accepted: worker {self._owner.config.worker_id}'s job had no room for "
-                    "it in time (cluster_http_wait_ms); retry"
-                )
         if not self.attached:
             return False
         job.send(envelope)
@@ -201,7 +201,7 @@ class EpochHttp:
         if caller is not None and caller.typename == REPLY_TYPENAME:
             self._calls.append(caller.id)
             return True
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack: asyncio.Future[None] = loop.create_future()
         self._acks.append(ack)
         await ack
         return True
