@@ -14,28 +14,17 @@ import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from statefun._exceptions import UnavailableError
 from statefun._settings import Settings
 from statefun.cluster import cluster_config
 from statefun.cluster._http_ingress import WorkerHttp
 from statefun.module import load_module
-from statefun.runtime._envelope import Envelope
 from statefun.runtime._job import Job
-from statefun.sdk._types import TypedValue
+from tests.unit.test_cluster_http_epoch import Transaction
 
 FNS = Path(__file__).parents[1] / "integration" / "fns" / "cluster_http_fns.py"
-
-
-class Transaction:
-    def __init__(self) -> None:
-        self.rows: list[Any] = []
-
-    def write_rows(self, rows: list[Any]) -> None:
-        self.rows.extend(rows)
 
 
 @dataclass
@@ -184,38 +173,3 @@ async def test_requests_waiting_for_a_job_are_bounded_by_max_pending(tmp_path: P
             await asyncio.sleep(0.01)
         link.cut(served.owner.config).committed()
         assert [(await w).status for w in waiting] == [202, 202]
-
-
-async def test_a_request_waits_for_room_within_the_bound_and_again_if_another_took_it(
-    waits_300ms: Served, tmp_path: Path
-) -> None:
-    owner = waits_300ms.owner
-    settings = Settings.load(
-        {"max_in_flight_messages": "1", "dead_letter_path": str(tmp_path / "d.jsonl")},
-        environ={},
-    )
-    job = Job(load_module(tmp_path / "module.yaml"), settings)
-    link = owner.attach(job, Transaction())
-    loop = asyncio.get_running_loop()
-
-    def message(id_: str) -> Envelope:
-        return Envelope("chttp/record", id_, TypedValue("t/T", b""), None)
-
-    first = loop.create_task(link.submit(message("a")))
-    await asyncio.sleep(0)
-    assert not job.has_room()
-    began = loop.time()
-    with pytest.raises(UnavailableError, match="job had no room for it in time"):
-        await asyncio.wait_for(link.submit(message("b"), loop.time() + 0.3), 5)
-    assert loop.time() - began >= 0.29 and job.pending == 1
-
-    waiting = [loop.create_task(link.submit(message(i), loop.time() + 30)) for i in "cd"]
-    await asyncio.sleep(0.05)
-    job.release(1)  # room for one: c takes it, d waits again (not refused)
-    await asyncio.sleep(0.05)
-    assert job.pending == 1 and [w.done() for w in waiting] == [False, False]
-    link.cut(owner.config).committed()
-    assert await first is True and await waiting[0] is True
-    assert not waiting[1].done()
-    owner.detach(link)
-    assert await waiting[1] is False  # to the next epoch
