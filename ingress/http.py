@@ -43,12 +43,15 @@ from statefun.ingress.base import IngressContext, Source
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import StringType, TypedValue, validate_typename
 
-__all__ = ["HttpSource"]
+__all__ = ["HttpSource", "unavailable"]
 
 log = logging.getLogger(__name__)
 
 TYPENAME_HEADER = "X-Statefun-Typename"
 _TYPENAME_KEY = TYPENAME_HEADER.lower()  # as Request.headers has it
+#: every 503 says when to send again: a refusal is for a moment (busy, starting, moving)
+RETRY_AFTER = "Retry-After"
+RETRY_AFTER_S = "1"
 
 
 class _Refused(Exception):
@@ -157,7 +160,7 @@ class HttpSource(Source):
         # does not wait for them.
         for _, future in self._group:
             if not future.done():
-                future.set_exception(_Refused(plain(503, "the job is stopping")))
+                future.set_exception(_Refused(unavailable("the job is stopping")))
         self._group.clear()
         if self._server is not None:
             await self._server.close(2.0)
@@ -305,7 +308,7 @@ class HttpSource(Source):
         typename = f"{namespace}/{name}"
         context = self._context
         if context is None:
-            raise _Refused(plain(503, "the job is not running yet"))
+            raise _Refused(unavailable("the job is not running yet"))
         if not context.is_function_type(typename):
             try:  # not a type of the module; malformed (an encoded "/" in a part) or unknown
                 validate_typename(typename, "function type")
@@ -357,7 +360,7 @@ class HttpSource(Source):
 
     def _admit(self) -> IngressContext:
         if self._waiting >= self.max_pending:
-            raise _Refused(plain(503, "too many requests waiting; try again later"))
+            raise _Refused(unavailable("too many requests waiting; try again later"))
         assert self._context is not None
         return self._context
 
@@ -381,7 +384,7 @@ class HttpSource(Source):
         except _Refused as exc:
             return exc.reply
         except UnavailableError as exc:  # the runtime could not keep it: not accepted
-            return plain(503, str(exc))
+            return unavailable(str(exc))
         self.accepted += 1
         return plain(202, "accepted")
 
@@ -389,7 +392,9 @@ class HttpSource(Source):
         self, typename: str, id_: str, value: TypedValue, key: Entry | None = None
     ) -> Reply:
         request_id = f"{self._prefix}-{next(self._ids)}"
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        deadline = loop.time() + self.reply_timeout_s  # from the request, waits included
         self.replies[request_id] = future
         if key is not None:  # the reply is recorded for the key even if this caller leaves
             self.keys.calling(key, request_id, future)
@@ -400,7 +405,8 @@ class HttpSource(Source):
             await self._deliver(typename, id_, value, caller, durable=self.log_calls, key=key)
             self.accepted += 1
             try:
-                reply = await asyncio.wait_for(asyncio.shield(future), self.reply_timeout_s)
+                left = max(0.0, deadline - loop.time())
+                reply = await asyncio.wait_for(asyncio.shield(future), left)
             except TimeoutError:
                 why = (
                     "" if self.unanswered is None else ": " + self.unanswered(request_id, typename)
@@ -413,11 +419,16 @@ class HttpSource(Source):
         except _Refused as exc:
             return exc.reply
         except UnavailableError as exc:
-            return plain(503, str(exc))
+            return unavailable(str(exc))
         finally:
             if key is None or not key.emitted:
                 self.replies.pop(request_id, None)
         return _reply(reply)
+
+
+def unavailable(reason: str) -> Reply:
+    """A 503: the request was not accepted and may be sent again (after ``Retry-After``)."""
+    return plain(503, reason, ((RETRY_AFTER, RETRY_AFTER_S),))
 
 
 def _caller(fields: list[str] | None) -> SdkAddress | None:

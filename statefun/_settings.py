@@ -441,6 +441,14 @@ class Settings:
             "statefun run --workers N gives worker i the offset i"
         ),
     )
+    cluster_http_wait_ms: int = field(
+        default=30_000,
+        metadata=_doc(
+            "how long an HTTP ingress request waits to be handed to the worker's job while the "
+            "job's group rebalances (or the job has no room) before a 503 with Retry-After; a "
+            "call waits at most its replyTimeout"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_values(self)

@@ -11,6 +11,13 @@ one ``RepliesReader``. Each assignment's ``Epoch`` attaches an ``EpochHttp`` to 
 * **Acknowledgement.** A ``/messages`` request is answered 202 only after the checkpoint whose
   cut follows its message committed (the message, or its effects, are then in Kafka). A
   checkpoint that fails, or an epoch dropped before its cut, answers 503 (not accepted: retry).
+  A ``/call`` waits for its reply instead, which comes after that commit; the same failures
+  answer it 503 through its reply's future.
+* **Bounded waits.** Between two epochs (the group rebalancing) and while the job has no room,
+  a request waits to be handed to a job at most ``cluster_http_wait_ms`` (a ``/call`` at most
+  its ``replyTimeout``, which bounds the whole call), then it is answered 503 with
+  ``Retry-After``: it was not sent, so sending it again is safe. At most ``maxPending``
+  requests of an ingress wait to be handed in; more are answered 503 at once.
   A worker that dies first drops the connection; the client retries, as after any broken
   connection (the message was not committed, or - past the commit - may be there twice: the
   single-process ingress after its WAL's fsync is the same).
@@ -26,11 +33,13 @@ one ``RepliesReader``. Each assignment's ``Epoch`` attaches an ``EpochHttp`` to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from statefun._addresses import REPLY_TYPENAME
 from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._http.server import Reply, Request, plain
 from statefun._settings import Settings
@@ -117,6 +126,8 @@ class HttpCut:
     owner: WorkerHttp
     acks: list[asyncio.Future[None]] = field(default_factory=list)
     local: list[tuple[str, Any]] = field(default_factory=list)
+    #: request ids of the calls whose messages the cut took (refused if it fails)
+    calls: list[str] = field(default_factory=list)
 
     def committed(self) -> None:
         for ack in self.acks:
@@ -130,6 +141,7 @@ class HttpCut:
         for ack in self.acks:
             if not ack.done():
                 ack.set_exception(refusal)
+        self.owner.refuse_calls(self.calls, refusal)
 
 
 class EpochHttp:
@@ -140,6 +152,8 @@ class EpochHttp:
         self.job = job
         self._transactions = transactions
         self._acks: list[asyncio.Future[None]] = []
+        #: request ids of calls sent since the last cut (their replies' futures wait)
+        self._calls: list[str] = []
         self._held = False
         #: calls dead-lettered here whose callers wait elsewhere: (request id, reason)
         self._undeliverable: list[tuple[str, Any]] = []
@@ -157,24 +171,37 @@ class EpochHttp:
 
     def wants_checkpoint(self) -> bool:
         """Whether requests wait for a commit (a checkpoint should come soon)."""
-        return self._held or bool(self._acks)
+        return self._held or bool(self._acks) or bool(self._calls)
 
-    async def submit(self, envelope: Envelope) -> bool:
-        """Send ``envelope`` into the job and wait for the commit that holds it. False: this
-        epoch was detached while waiting for room (send it to the next one)."""
+    async def submit(self, envelope: Envelope, deadline: float | None = None) -> bool:
+        """Send ``envelope`` into the job; a message waits for the commit that holds it, a
+        call (its caller a reply address) returns at once: its reply's future hears a failure.
+        False: this epoch was detached while waiting for room (send it to the next one).
+        ``deadline`` (the loop's clock) bounds the wait for room: then UnavailableError."""
         job = self.job
-        if not job.has_room():  # until there is room, or the epoch is gone (its job with it)
+        loop = asyncio.get_running_loop()
+        while self.attached and not job.has_room():  # (another request may take the room)
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise UnavailableError(
+                    f"not accepted: worker {self._owner.config.worker_id}'s job had no room for "
+                    "it in time (cluster_http_wait_ms); retry"
+                )
             room = asyncio.ensure_future(job.room())
             gone = asyncio.ensure_future(self._detached.wait())
             try:
-                await asyncio.wait((room, gone), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((room, gone), timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 room.cancel()
                 gone.cancel()
         if not self.attached:
             return False
         job.send(envelope)
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        caller = envelope.caller
+        if caller is not None and caller.typename == REPLY_TYPENAME:
+            self._calls.append(caller.id)
+            return True
+        ack: asyncio.Future[None] = loop.create_future()
         self._acks.append(ack)
         await ack
         return True
@@ -182,8 +209,8 @@ class EpochHttp:
     def cut(self, config: ClusterConfig) -> HttpCut:
         """At the checkpoint's cut (synchronously): take the acknowledgements waiting, write
         the held replies for other instances into the transaction, keep this instance's."""
-        cut = HttpCut(self._owner, self._acks)
-        self._acks, self._held = [], False
+        cut = HttpCut(self._owner, self._acks, calls=self._calls)
+        self._acks, self._calls, self._held = [], [], False
         rows: list[Row] = []
         own = self._owner.instance
         held, self._undeliverable = [*self.job.seal_replies(), *self._undeliverable], []
@@ -212,13 +239,17 @@ class EpochHttp:
         for ack in acks:
             if not ack.done():
                 ack.set_exception(refusal)
+        calls, self._calls = self._calls, []
+        self._owner.refuse_calls(calls, refusal)
 
 
 class _WorkerContext:
     """The ``IngressContext`` the worker's HTTP sources see: the current epoch's job."""
 
-    def __init__(self, owner: WorkerHttp) -> None:
+    def __init__(self, owner: WorkerHttp, wait_s: float, reply_timeout_s: float) -> None:
         self._owner = owner
+        self._wait_s = wait_s
+        self._call_wait_s = min(wait_s, reply_timeout_s)
 
     def is_function_type(self, typename: str) -> bool:
         return self._owner.functions.resolve(typename) is not None
@@ -227,7 +258,9 @@ class _WorkerContext:
         self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None
     ) -> None:
         envelope = Envelope(typename, id_, value, caller)
-        while not await (await self._owner.epoch()).submit(envelope):
+        bound = self._wait_s if caller is None else self._call_wait_s
+        deadline = asyncio.get_running_loop().time() + bound
+        while not await (await self._owner.epoch(deadline, bound)).submit(envelope, deadline):
             pass
 
     async def room(self) -> None:
@@ -264,9 +297,9 @@ class WorkerHttp:
         self.replies: dict[str, asyncio.Future[Any]] = {}
         self.current: EpochHttp | None = None
         self._attached = asyncio.Event()
-        self._context = _WorkerContext(self)
         self._limited = RateLimitedLog("HTTP ingress")
         offset = settings.cluster_port_offset
+        wait_s = settings.cluster_http_wait_ms / 1000
         self.sources = [
             ClusteredHttpSource(
                 spec.id,
@@ -282,6 +315,8 @@ class WorkerHttp:
             )
             for index, spec in enumerate(http_ingresses(module))
         ]
+        #: how long a request waits to be handed to a job (``cluster_http_wait_ms``)
+        self.wait_s = wait_s
         self.reader = RepliesReader(config, self.instance, self._from_reader)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -293,7 +328,11 @@ class WorkerHttp:
         await asyncio.to_thread(self.reader.start)
         for source in self.sources:
             await source.start()
-            self._tasks.append(self._loop.create_task(source.run(self._context)))
+            self._tasks.append(self._loop.create_task(source.run(self.context(source))))
+
+    def context(self, source: ClusteredHttpSource) -> _WorkerContext:
+        """What ``source`` sends its requests' messages through: the current epoch's job."""
+        return _WorkerContext(self, self.wait_s, source.reply_timeout_s)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -321,9 +360,19 @@ class WorkerHttp:
             self.current = None
             self._attached.clear()
 
-    async def epoch(self) -> EpochHttp:
+    async def epoch(self, deadline: float | None = None, bound: float = 0.0) -> EpochHttp:
+        """The current epoch's link, once there is one; UnavailableError past ``deadline``
+        (the loop's clock; ``bound`` is how long that was, for the message)."""
+        loop = asyncio.get_running_loop()
         while self.current is None:
-            await self._attached.wait()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise UnavailableError(
+                    f"not accepted: worker {self.config.worker_id} had no assignment for "
+                    f"{bound:g} s (the job's group is rebalancing); retry"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._attached.wait(), left)
         return self.current
 
     # -- replies ------------------------------------------------------------------------------
@@ -345,6 +394,13 @@ class WorkerHttp:
             future.set_exception(value)
         else:
             future.set_result(value)
+
+    def refuse_calls(self, request_ids: list[str], refusal: UnavailableError) -> None:
+        """Calls whose messages were not committed: their waiting requests answer 503."""
+        for request_id in request_ids:
+            future = self.replies.get(request_id)
+            if future is not None and not future.done():
+                future.set_exception(refusal)
 
     def dropped(self, text: str) -> None:
         self._limited.warn(text)

@@ -4,11 +4,11 @@ The supervisor checks the job once (settings, module, what runs clustered), star
 ``statefun worker`` processes with the same module and settings and the worker ids
 ``<cluster_worker_id or host name>-0`` .. ``-<N-1>`` (with ``admin_port`` P set, worker ``i``
 serves its admin port on P + i; it serves each HTTP ingress on the ingress's port + i:
-``cluster_port_offset``), and restarts a worker that exits with an error or dies from a signal:
-after 1 s, doubling up to 30 s while it keeps dying within 10 s of its start. SIGINT or
-SIGTERM stops every worker gracefully (SIGTERM, then SIGKILL after 30 s). A worker that ends
-with exit code 0 (stopped by someone else) is not restarted. The workers share nothing but the
-Kafka cluster, as on separate machines.
+``cluster_port_offset``; one line per worker at start says where), and restarts a worker that
+exits with an error or dies from a signal: after 1 s, doubling up to 30 s while it keeps dying
+within 10 s of its start. SIGINT or SIGTERM stops every worker gracefully (SIGTERM, then
+SIGKILL after 30 s). A worker that ends with exit code 0 (stopped by someone else) is not
+restarted. The workers share nothing but the Kafka cluster, as on separate machines.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from statefun.cluster._config import cluster_config
 from statefun.cluster._support import check_clusterable
 from statefun.module._specs import HttpIngressSpec, ModuleSpec
 
-__all__ = ["supervise", "worker_ids"]
+__all__ = ["supervise", "worker_ids", "worker_ports"]
 
 log = logging.getLogger("statefun.cli")
 
@@ -98,14 +98,9 @@ def supervise(
         stopping = True
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    log.info(
-        "job %s: %d worker(s): %s",
-        config.job_id,
-        count,
-        ", ".join(
-            w.id + (f" (admin port {w.admin_port})" if w.admin_port else "") for w in workers
-        ),
-    )
+    log.info("job %s: %d worker(s)", config.job_id, count)
+    for worker in workers:
+        log.info("worker %s: %s", worker.id, worker_ports(module, worker.index, worker.admin_port))
     try:
         for worker in workers:
             _start(worker, base_args)
@@ -119,6 +114,20 @@ def supervise(
             signal.signal(signum, handler)
         _stop_all(workers)
     return 0
+
+
+def worker_ports(module: ModuleSpec, index: int, admin_port: int) -> str:
+    """Where worker ``index`` serves: its admin port and each HTTP ingress (one line)."""
+    where = [f"admin port {admin_port}"] if admin_port else []
+    for ingress in module.ingresses:
+        if isinstance(ingress, HttpIngressSpec):
+            scheme = "https" if ingress.tls is not None else "http"
+            where.append(
+                f"HTTP ingress {ingress.id} on {scheme}://{ingress.host}:{ingress.port + index}"
+                if ingress.port
+                else f"HTTP ingress {ingress.id} on a free port of {ingress.host} (in its log)"
+            )
+    return ", ".join(where) or "no port"
 
 
 def _start(worker: _Worker, base_args: list[str]) -> None:

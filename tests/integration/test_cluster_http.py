@@ -3,10 +3,12 @@ real HTTP on 127.0.0.1: each worker serves the ingress on its own port; requests
 worker for addresses the other owns (and to the owner) take effect once, fire-and-forget
 messages are acknowledged only once committed, and a call's reply reaches the worker holding
 the connection. A worker SIGKILLed while requests stream in loses no acknowledged message and
-duplicates no egress record."""
+duplicates no egress record. While a rebalance is held open (a member SIGSTOPped), requests
+are answered 503 with Retry-After within the wait bound, and none of those is in the egress."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,39 +44,49 @@ PARTITIONS = 8
 WORKERS = ("w0", "w1")
 
 
-def _free_port_pair() -> int:
-    """A port P with P and P + 1 free on 127.0.0.1 (worker i serves P + i)."""
+def _free_ports(count: int) -> int:
+    """A port P with P .. P + count - 1 free on 127.0.0.1 (worker i serves P + i)."""
     for _ in range(100):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = int(probe.getsockname()[1])
-        if port >= 65535:
+        if port + count > 65536:
             continue
         try:
-            with socket.socket() as one, socket.socket() as two:
-                one.bind(("127.0.0.1", port))
-                two.bind(("127.0.0.1", port + 1))
+            with contextlib.ExitStack() as stack:
+                for offset in range(count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port + offset))
         except OSError:
             continue
         return port
-    raise AssertionError("no two consecutive free ports")
+    raise AssertionError(f"no {count} consecutive free ports")
 
 
 class HttpCluster:
-    """Two workers of one job whose module has an HTTP ingress and a Kafka egress."""
+    """Workers of one job whose module has an HTTP ingress and a Kafka egress."""
 
-    def __init__(self, tmp: Path, bootstrap: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        bootstrap: str,
+        names: tuple[str, ...] = WORKERS,
+        reply_timeout: str = "20s",
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.bootstrap = bootstrap
+        self.names = names
+        self.extra = extra or {}
         self.job_id = f"chttp-{uuid.uuid4().hex[:8]}"
         self.output = f"{self.job_id}-out"
-        self.port = _free_port_pair()
+        self.port = _free_ports(len(names))
         self.module = tmp / "module.yaml"
         self.module.write_text(
             "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: chttp/*\n"
             f"  module: {FNS}:functions\n---\n"
             "kind: io.pystatefun.http.v1/ingress\nspec:\n  id: chttp/http\n"
-            f"  port: {self.port}\n  replyTimeout: 20s\n---\n"
+            f"  port: {self.port}\n  replyTimeout: {reply_timeout}\n---\n"
             "kind: io.statefun.kafka.v1/egress\nspec:\n  id: chttp/out\n"
             f"  address: {bootstrap}\n  deliverySemantic: exactly-once\n"
         )
@@ -94,10 +107,11 @@ class HttpCluster:
             "cluster.heartbeat_interval_ms": "1000",
             "cluster.port_offset": str(index),
             "checkpoint_interval_ms": "300",
+            **self.extra,
         }
 
     def url(self, worker: str) -> str:
-        return f"http://127.0.0.1:{self.port + WORKERS.index(worker)}"
+        return f"http://127.0.0.1:{self.port + self.names.index(worker)}"
 
     def log(self, worker: str) -> Path:
         return self.tmp / f"{worker}-{self.starts[worker]}.log"
@@ -107,7 +121,7 @@ class HttpCluster:
         folder.mkdir(exist_ok=True)
         self.starts[worker] += 1
         args = [sys.executable, "-m", "statefun", "worker", str(self.module)]
-        for name, value in self.settings(worker, WORKERS.index(worker)).items():
+        for name, value in self.settings(worker, self.names.index(worker)).items():
             args += ["--set", f"{name}={value}"]
         with self.log(worker).open("wb") as err:
             self.workers[worker] = subprocess.Popen(
@@ -242,34 +256,63 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
     assert status == 501 and "Idempotency-Key is not supported" in body
 
 
-class Sender(threading.Thread):
-    """Streams fire-and-forget messages to one worker; remembers which were acknowledged."""
+@dataclass
+class Answered:
+    seq: int
+    route: str
+    status: int
+    body: str
+    retry_after: str | None
+    took: float
 
-    def __init__(self, cluster: HttpCluster, worker: str, first: int) -> None:
+
+def timed_post(url: str, body: str) -> tuple[int, str, str | None, float]:
+    """(status, body, Retry-After, seconds) of a text POST; status 0: no answer."""
+    request = urllib.request.Request(
+        url, data=body.encode(), headers={"Content-Type": "text/plain"}
+    )
+    began = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text, retry = response.status, response.read().decode(), None
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read().decode()
+        retry = error.headers.get("Retry-After")
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        status, text, retry = 0, str(error), None
+    return status, text.strip(), retry, time.monotonic() - began
+
+
+class Streamer(threading.Thread):
+    """Streams requests of one route to one worker, remembering every answer."""
+
+    def __init__(self, cluster: HttpCluster, worker: str, route: str, first: int) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.worker, self.next = cluster, worker, first
-        self.acked: list[int] = []
-        self.failed: list[tuple[int, int, str]] = []
+        self.cluster, self.worker, self.route, self.next = cluster, worker, route, first
+        self.answers: list[Answered] = []
         self.stop_sending = threading.Event()
 
     def run(self) -> None:
-        url = self.cluster.url(self.worker)
+        base = self.cluster.url(self.worker)
         while not self.stop_sending.is_set():
             seq = self.next
             self.next += 1
-            status, body = post(
-                f"{url}/messages/chttp/record/{seq % 37}", f"{seq}:{self.cluster.output}"
-            )
-            if status == 202:
-                self.acked.append(seq)
+            if self.route == "messages":
+                url, body = (
+                    f"{base}/messages/chttp/record/{seq % 37}",
+                    f"{seq}:{self.cluster.output}",
+                )
             else:
-                self.failed.append((seq, status, body[:200]))
-                time.sleep(0.05)
+                url, body = f"{base}/call/chttp/call/{seq % 37}", str(seq)
+            answered = Answered(seq, self.route, *timed_post(url, body))
+            self.answers.append(answered)
+            if answered.status not in (200, 202):
+                time.sleep(0.05)  # (a worker away refuses connections at once)
 
 
 def test_a_killed_worker_loses_no_acknowledged_message(cluster: HttpCluster) -> None:
     senders = [
-        Sender(cluster, worker, first + thread * 100_000)
+        Streamer(cluster, worker, "messages", first + thread * 100_000)
         for worker, first in (("w0", 0), ("w1", 1_000_000))
         for thread in range(3)
     ]
@@ -286,14 +329,92 @@ def test_a_killed_worker_loses_no_acknowledged_message(cluster: HttpCluster) -> 
     for sender in senders:
         sender.stop_sending.set()
         sender.join(40)
-    acked = [seq for sender in senders for seq in sender.acked]
-    sent = sum(len(sender.acked) + len(sender.failed) for sender in senders)
+    answers = [a for sender in senders for a in sender.answers]
+    acked = [a.seq for a in answers if a.status == 202]
     assert len(acked) > 50 and any(seq >= 1_000_000 for seq in acked)
     wanted = {str(seq) for seq in acked}
     seen = read_outputs(cluster.bootstrap, cluster.output, len(acked), 90, wanted)
     assert [seq for seq in acked if str(seq) not in seen] == []  # none acknowledged is lost
     assert [value for value, n in seen.items() if n > 1] == []  # none twice
     print(
-        f"\n{len(acked)} acknowledged of {sent} sent; {len(seen)} in the egress; "
-        f"failed: {Counter(status for s in senders for _, status, _ in s.failed)}"
+        f"\n{len(acked)} acknowledged of {len(answers)} sent; {len(seen)} in the egress; "
+        f"failed: {Counter(a.status for a in answers if a.status != 202)}"
     )
+
+
+def _assignments(cluster: HttpCluster, worker: str) -> int:
+    return cluster.log(worker).read_text(errors="replace").count("partitions assigned:")
+
+
+def test_requests_during_a_held_rebalance_are_refused_within_the_bound(
+    tmp_path: Path, bootstrap: str
+) -> None:
+    """w1 is SIGSTOPped and w2 joins: the group's rebalance waits for w1 until its session
+    times out, and w0 has no assignment meanwhile. Its requests are answered 503 with
+    Retry-After within cluster_http_wait_ms (calls within replyTimeout); every 202 is in the
+    egress once and no 503 is there at all."""
+    wait_s, reply_s, session_s = 1.5, 4.0, 12
+    cluster = HttpCluster(
+        tmp_path,
+        bootstrap,
+        names=("w0", "w1", "w2"),
+        reply_timeout=f"{reply_s:g}s",
+        extra={
+            "cluster.http_wait_ms": str(int(wait_s * 1000)),
+            "cluster.session_timeout_ms": str(session_s * 1000),
+        },
+    )
+    streamers = [
+        *(Streamer(cluster, "w0", "messages", n * 100_000) for n in range(3)),
+        Streamer(cluster, "w0", "call", 900_000),
+    ]
+    try:
+        for worker in ("w0", "w1"):
+            cluster.start(worker)
+        cluster.wait_assigned()
+        for streamer in streamers:
+            streamer.start()
+        time.sleep(2)
+        before = _assignments(cluster, "w0")
+        cluster.workers["w1"].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        cluster.start("w2")  # a join: the rebalance waits for w1 until its session ends
+        deadline = stopped_at + session_s + 60
+        while _assignments(cluster, "w0") <= before or not _assigned_last(
+            cluster.log("w0").read_text()
+        ):
+            assert time.monotonic() < deadline, cluster.log("w0").read_text()[-3000:]
+            time.sleep(0.2)
+        held = time.monotonic() - stopped_at
+        time.sleep(2)
+        for streamer in streamers:
+            streamer.stop_sending.set()
+        for streamer in streamers:
+            streamer.join(reply_s + 30)
+        acked = {str(a.seq) for st in streamers for a in st.answers if a.status == 202}
+        seen = read_outputs(cluster.bootstrap, cluster.output, len(acked), 90, acked)
+    finally:
+        if "w1" in cluster.workers:
+            cluster.workers["w1"].send_signal(signal.SIGCONT)
+        cluster.close()
+    answers = [a for streamer in streamers for a in streamer.answers]
+    messages = [a for a in answers if a.route == "messages"]
+    calls = [a for a in answers if a.route == "call"]
+    by_status = Counter((a.route, a.status) for a in answers)
+    refused = [a for a in messages if a.status == 503 and "had no assignment" in a.body]
+    print(
+        f"\nrebalance held {held:.1f} s; answers {dict(by_status)}; slowest /messages "
+        f"{max(a.took for a in messages):.2f} s, /call {max(a.took for a in calls):.2f} s"
+    )
+    assert refused, by_status  # the bound was reached while the group rebalanced
+    assert all(a.retry_after == "1" for a in answers if a.status == 503)
+    assert all(wait_s <= a.took < wait_s + 1.5 for a in refused), [a.took for a in refused]
+    # nothing waits long: the bound, then a commit (before: the whole rebalance)
+    assert max(a.took for a in messages) < wait_s + 3.5
+    assert {a.status for a in messages} <= {202, 503}, by_status
+    assert {a.status for a in calls} <= {200, 503, 504}, by_status
+    assert max(a.took for a in calls) < reply_s + 1.5
+    assert sorted(acked - set(seen)) == []  # no 202 is lost
+    assert [value for value, n in seen.items() if n > 1] == []  # none twice
+    not_accepted = {str(a.seq) for a in messages if a.status == 503}
+    assert sorted(not_accepted & set(seen)) == []  # a 503 was not sent

@@ -87,6 +87,7 @@ def test_run_workers_restarts_a_killed_worker(tmp_path: Path, bootstrap: str) ->
             "worker node-1 ended (signal SIGKILL); restarting in 1 s" in text
         ), text[-3000:]
         assert "restart 1" in text
+        assert f"worker node-1: admin port {admin_port + 1}\n" in text  # one line per worker
         time.sleep(1)
         assert state_counts(cluster.config) == model_counts(4000)
         assert len(_children(supervisor.pid)) == 2

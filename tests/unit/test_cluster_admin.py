@@ -17,8 +17,8 @@ from statefun._settings import Settings
 from statefun.cluster import cluster_config
 from statefun.cluster._admin import WorkerAdmin, address_of
 from statefun.cluster._status import Ownership, _admin_url
-from statefun.cluster._supervisor import supervise
-from statefun.module._specs import ModuleSpec
+from statefun.cluster._supervisor import supervise, worker_ports
+from statefun.module._specs import HttpIngressSpec, ModuleSpec
 
 
 def _get(url: str, method: str = "GET", origin: str = "") -> tuple[int, bytes, Any]:
@@ -108,3 +108,14 @@ def test_worker_admin_ports_past_65535_are_refused() -> None:
     )
     with pytest.raises(ConfigurationError, match=r"admin_port 65534 \+ 3 workers goes past"):
         supervise(ModuleSpec(), settings, [], [], 3)
+
+
+def test_each_workers_ports_are_one_line() -> None:
+    module = ModuleSpec(
+        ingresses=(HttpIngressSpec("shop/http", port=8090), HttpIngressSpec("shop/any", port=0))
+    )
+    assert worker_ports(module, 2, 8083) == (
+        "admin port 8083, HTTP ingress shop/http on http://127.0.0.1:8092, "
+        "HTTP ingress shop/any on a free port of 127.0.0.1 (in its log)"
+    )
+    assert worker_ports(ModuleSpec(), 0, 0) == "no port"

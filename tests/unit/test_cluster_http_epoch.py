@@ -174,13 +174,18 @@ async def test_a_dead_lettered_call_is_answered_on_its_callers_worker_after_the_
         waiting.result()
 
 
-async def test_a_request_waiting_for_room_moves_on_when_its_epoch_goes(tmp_path: Path) -> None:
-    owner, _ = _worker(tmp_path)
+def _job_of_one(tmp_path: Path) -> Job:
+    """A job with room for one message in flight (after ``_worker`` wrote the module)."""
     settings = Settings.load(
         {"max_in_flight_messages": "1", "dead_letter_path": str(tmp_path / "d.jsonl")},
         environ={},
     )
-    job = Job(load_module(tmp_path / "module.yaml"), settings)
+    return Job(load_module(tmp_path / "module.yaml"), settings)
+
+
+async def test_a_request_waiting_for_room_moves_on_when_its_epoch_goes(tmp_path: Path) -> None:
+    owner, _ = _worker(tmp_path)
+    job = _job_of_one(tmp_path)
     link = owner.attach(job, Transaction())
     loop = asyncio.get_running_loop()
     first = loop.create_task(link.submit(Envelope("chttp/call", "a", TypedValue("t/T", b""), None)))
@@ -197,3 +202,34 @@ async def test_a_request_waiting_for_room_moves_on_when_its_epoch_goes(tmp_path:
     link.close()
     with pytest.raises(UnavailableError):
         await first
+
+
+async def test_a_request_waits_for_room_within_the_bound_and_again_if_another_took_it(
+    tmp_path: Path,
+) -> None:
+    owner, _ = _worker(tmp_path)
+    job = _job_of_one(tmp_path)
+    link = owner.attach(job, Transaction())
+    loop = asyncio.get_running_loop()
+
+    def message(id_: str) -> Envelope:
+        return Envelope("chttp/record", id_, TypedValue("t/T", b""), None)
+
+    first = loop.create_task(link.submit(message("a")))
+    await asyncio.sleep(0)
+    assert not job.has_room()
+    began = loop.time()
+    with pytest.raises(UnavailableError, match="job had no room for it in time"):
+        await asyncio.wait_for(link.submit(message("b"), loop.time() + 0.3), 5)
+    assert loop.time() - began >= 0.29 and job.pending == 1
+
+    waiting = [loop.create_task(link.submit(message(i), loop.time() + 30)) for i in "cd"]
+    await asyncio.sleep(0.05)
+    job.release(1)  # room for one: c takes it, d waits again (not refused)
+    await asyncio.sleep(0.05)
+    assert job.pending == 1 and [w.done() for w in waiting] == [False, False]
+    link.cut(owner.config).committed()
+    assert await first is True and await waiting[0] is True
+    assert not waiting[1].done()
+    owner.detach(link)
+    assert await waiting[1] is False  # to the next epoch
