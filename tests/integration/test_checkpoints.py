@@ -23,7 +23,7 @@ from statefun._exceptions import JobFailedError
 from statefun._settings import Settings
 from statefun.checkpoint import SimulatedCrash
 from statefun.egress.file import FileSink
-from statefun.ingress.base import Source
+from statefun.ingress.base import IngressContext, Source
 from statefun.ingress.file import FileSource
 from statefun.module._specs import (
     EmbeddedEndpointSpec,
@@ -58,6 +58,46 @@ def output(path: Path) -> Counter[str]:
     if not path.exists():
         return Counter()
     return Counter(json.loads(line)["value"] for line in path.read_text().splitlines())
+
+
+#: records the first run's input lets through per checkpoint (see _Paced)
+CHUNK = 2000
+
+
+class Paced(FileSource):
+    """The input file, ``CHUNK`` records per committed checkpoint, then nothing until the job
+    stops: each checkpoint of the first run has changes of its own (the tests damage what
+    only the newest holds), and a job that has read it all does not finish before the
+    checkpoint a test crashes after (how fast a run reads the file depends on the machine)."""
+
+    bounded = False
+
+    def __init__(self, ingress_id: str, path: Path) -> None:
+        super().__init__(ingress_id, path)
+        self.committed = asyncio.Event()
+
+    async def run(self, context: IngressContext) -> None:
+        await super().run(_Chunks(context, self.committed))
+        await asyncio.Event().wait()
+
+
+class _Chunks:
+    """An ingress context that waits for ``committed`` after every ``CHUNK`` records."""
+
+    def __init__(self, context: IngressContext, committed: asyncio.Event) -> None:
+        self._context = context
+        self._committed = committed
+        self._count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def room(self) -> None:
+        self._count += 1
+        if self._count % CHUNK == 0:
+            self._committed.clear()
+            await self._committed.wait()
+        await self._context.room()
 
 
 def make_job(
@@ -148,7 +188,14 @@ async def test_crash_in_a_checkpoint_that_appends_to_the_rocksdb_changelog(
             raise SimulatedCrash(f"crash after step {name!r} of checkpoint {checkpoint_id}")
 
     state = {"state_backend": "rocksdb", "state_dir": str(tmp_path / "state")}
-    first = make_job(tmp_path, embedded(), crash, **state)
+    source = Paced("test/in", tmp_path / "in.jsonl")
+
+    def paced_crash(name: str, checkpoint_id: int) -> None:
+        if name == "committed":
+            source.committed.set()
+        crash(name, checkpoint_id)
+
+    first = make_job(tmp_path, embedded(), paced_crash, source=source, **state)
     with pytest.raises(JobFailedError, match="crash after step"):
         await first.run()
     root = tmp_path / "checkpoints"

@@ -29,12 +29,17 @@ from statefun.checkpoint import SimulatedCrash
 from statefun.checkpoint.storage import CheckpointStorage
 from statefun.egress.file import FileSink
 from statefun.ingress._wal import WriteAheadLog
-from statefun.ingress.base import IngressContext
-from statefun.ingress.file import FileSource
 from statefun.ingress.http import HttpSource
 from statefun.module._specs import ModuleSpec
 from statefun.runtime import Job
-from tests.integration.test_checkpoints import embedded, expected, make_job, output, write_input
+from tests.integration.test_checkpoints import (
+    Paced,
+    embedded,
+    expected,
+    make_job,
+    output,
+    write_input,
+)
 from tests.integration.test_savepoints_and_wal import take_savepoint_midway, wait_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,49 +58,9 @@ def job_for(tmp: Path, backend: str, hook: Any = None) -> Job:
     )
 
 
-#: records the first run's input lets through per checkpoint (see _Paced)
-CHUNK = 2000
-
-
-class _Paced(FileSource):
-    """The input file, ``CHUNK`` records per committed checkpoint, then nothing until the job
-    stops: each checkpoint of the first run has changes of its own (the tests damage what
-    only the newest holds), and a job that has read it all does not finish before the
-    checkpoint a test crashes after (how fast a run reads the file depends on the machine)."""
-
-    bounded = False
-
-    def __init__(self, ingress_id: str, path: Path) -> None:
-        super().__init__(ingress_id, path)
-        self.committed = asyncio.Event()
-
-    async def run(self, context: IngressContext) -> None:
-        await super().run(_Chunks(context, self.committed))
-        await asyncio.Event().wait()
-
-
-class _Chunks:
-    """An ingress context that waits for ``committed`` after every ``CHUNK`` records."""
-
-    def __init__(self, context: IngressContext, committed: asyncio.Event) -> None:
-        self._context = context
-        self._committed = committed
-        self._count = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    async def room(self) -> None:
-        self._count += 1
-        if self._count % CHUNK == 0:
-            self._committed.clear()
-            await self._committed.wait()
-        await self._context.room()
-
-
 async def crash_after(tmp: Path, backend: str, checkpoint_id: int) -> None:
     """Run until checkpoint ``checkpoint_id`` committed, then stop as if killed."""
-    source = _Paced("test/in", tmp / "in.jsonl")
+    source = Paced("test/in", tmp / "in.jsonl")
 
     def crash(name: str, done: int) -> None:
         if name == "committed":
