@@ -47,6 +47,12 @@ Producers run in another process; the reader (read_committed) in this one.
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --phases backlog --runtimes pystatefun
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --smoke     # does it run? (1-2 minutes)
 
+What the metrics cost: ``--runtimes pystatefun,pystatefun-no-metrics`` runs pystatefun as by
+default and with ``metrics=false``, turn about, and prints each phase's figures on against off:
+
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick --repeat 6 \
+        --runtimes pystatefun,pystatefun-no-metrics
+
 A run exits non-zero if a phase failed; a smoke run also if a phase's outputs are not exactly
 its records (hot key: counts consecutive), or a runtime reported dead letters or job failures.
 
@@ -98,6 +104,11 @@ FUNCTION = "bench/_jvm_counter.py:functions"
 MANY_KEYS = 10_000
 HOT_KEY = "hot"
 RUNTIMES = ("pystatefun", "statefun-jvm")
+# pystatefun with ``metrics=false``: no /metrics, no invocation timing, no event-loop lag probe.
+# Not run by default; ``--runtimes pystatefun,pystatefun-no-metrics`` prints what the metrics
+# cost, run against run.
+NO_METRICS = "pystatefun-no-metrics"
+KNOWN_RUNTIMES = (*RUNTIMES, NO_METRICS)
 SEMANTICS = ("exactly-once", "at-least-once")
 
 
@@ -250,9 +261,10 @@ def run_one(
 
         failures = peer.failures
     else:
-        proc, admin_port = start_pystatefun(
-            module, folder / "runtime.log", settings={"checkpoint_dir": folder / "checkpoints"}
-        )
+        settings: dict[str, object] = {"checkpoint_dir": folder / "checkpoints"}
+        if runtime == NO_METRICS:
+            settings["metrics"] = "false"
+        proc, admin_port = start_pystatefun(module, folder / "runtime.log", settings=settings)
 
         def checkpoints() -> int:
             return pystatefun_checkpoints(admin_port)
@@ -450,6 +462,50 @@ def ratios(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def metrics_cost(runs: list[Run]) -> str:
+    """pystatefun with metrics (the default) against ``metrics=false``, pair by pair: the runs of
+    one repeat and semantic, one after the other. Records per runtime CPU-second is the figure
+    to judge by: records/s also moves with the producer and the function server, which share
+    the machine's cores."""
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    on_runs = [r for r in runs if r.runtime == "pystatefun"]
+    off_runs = [r for r in runs if r.runtime == NO_METRICS]
+    for on, off in zip(on_runs, off_runs, strict=False):
+        for a, b in zip(on.phases, off.phases, strict=True):
+            if a.name == "warm-up" or a.rate is not None or a.failed or b.failed:
+                continue
+            if not (a.outputs and b.outputs and a.cpu_s and b.cpu_s):
+                continue
+            per_cpu = (a.count / a.cpu_s) / (b.count / b.cpu_s) - 1
+            rate = a.records_per_s / b.records_per_s - 1
+            pairs.setdefault((on.semantic, a.name), []).append((per_cpu, rate))
+    if not pairs:
+        return ""
+    lines = [
+        "metrics on against off (on / off - 1; median of the pairs, min to max):",
+        "",
+        "| semantic | phase | pairs | records per runtime CPU-second | records/s |",
+        "|---|---|---:|---:|---:|",
+    ]
+    medians = []
+    for (semantic, name), values in pairs.items():
+        cpu = [v[0] for v in values]
+        rate = [v[1] for v in values]
+        medians.append(statistics.median(cpu))
+        lines.append(f"| {semantic} | {name} | {len(values)} | {_signed(cpu)} | {_signed(rate)} |")
+    lines.append("")
+    lines.append(
+        f"median over the phases, records per runtime CPU-second: "
+        f"{statistics.median(medians) * 100:+.1f}%"
+    )
+    return "\n".join(lines)
+
+
+def _signed(values: list[float]) -> str:
+    median = statistics.median(values) * 100
+    return f"{median:+.1f}% ({min(values) * 100:+.1f} to {max(values) * 100:+.1f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer records, shorter phases")
@@ -462,7 +518,11 @@ def main() -> int:
     parser.add_argument(
         "--semantics", default=",".join(SEMANTICS), help="exactly-once,at-least-once"
     )
-    parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="pystatefun,statefun-jvm")
+    parser.add_argument(
+        "--runtimes",
+        default=",".join(RUNTIMES),
+        help=f"of {','.join(KNOWN_RUNTIMES)} (default: {','.join(RUNTIMES)})",
+    )
     parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
     parser.add_argument("--heap", default="512m", help="StateFun JVM -Xmx (default: 512m)")
     parser.add_argument(
@@ -490,6 +550,10 @@ def main() -> int:
     latency_s = args.latency_seconds or (5.0 if args.quick else 15.0)
     semantics = [s for s in args.semantics.split(",") if s]
     runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = sorted(set(runtimes) - set(KNOWN_RUNTIMES))
+    if unknown:
+        say(f"unknown runtime {unknown[0]!r}: use {', '.join(KNOWN_RUNTIMES)}")
+        return 2
 
     def phases() -> list[Phase]:
         rate = args.rate
@@ -568,6 +632,10 @@ def main() -> int:
     print()
     print(ratios(merged))
     print()
+    cost = metrics_cost(runs)
+    if cost:
+        print(cost)
+        print()
     print(
         f"load average (1 min) at the start {load_before[0]:.2f}, at the end {load[0]:.2f} "
         f"(5 min: {load[1]:.2f})"
