@@ -38,7 +38,7 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p statefun
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
