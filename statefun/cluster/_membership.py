@@ -131,6 +131,7 @@ class Membership:
             partition_assignment_strategy=[_range_assignor(self.user_data)],
         )
         lean_records(self._consumer, config.worker_id)
+        finish_joins(self._consumer, config.worker_id)
         topics = [config.exchange_topic, *sorted(self.inputs)]
         self._consumer.subscribe(topics, listener=_Listener(self))
         self._thread.start()
@@ -225,6 +226,34 @@ def lean_records(consumer: Any, worker_id: str) -> None:
         log.warning(
             "cluster %s: records read by kafka-python's own reader: %s", worker_id, unsupported
         )
+
+
+def finish_joins(consumer: Any, worker_id: str) -> None:
+    """Have ``consumer`` come back to a join it left in flight until the join is taken.
+
+    A poll that times out during a join leaves the join running, and kafka-python 3.0's poll
+    takes its result later only while ``need_rejoin()`` holds. A leader that rejoins because
+    its subscribed topics' partitions changed (a topic without metadata at the first
+    assignment, partitions added) needs to rejoin only until its own join computes the new
+    assignment: from then on its polls never take the join's result, so it never learns its
+    partitions, sends no heartbeat (they are off during a join) and is dropped from the group
+    while its thread polls on as if it were a member. Here a member that started a rebalance
+    (kafka-python's ``rejoining``, cleared when the join's result is taken) needs to rejoin
+    until then."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    asked = getattr(coordinator, "need_rejoin", None)
+    if asked is None or not isinstance(getattr(coordinator, "rejoining", None), bool):
+        log.warning(
+            "cluster %s: kafka-python's coordinator has no need_rejoin/rejoining: a join "
+            "that outlasts a poll may leave this worker out of the group",
+            worker_id,
+        )
+        return
+
+    def need_rejoin() -> bool:
+        return bool(coordinator.rejoining) or bool(asked())
+
+    coordinator.need_rejoin = need_rejoin
 
 
 def _range_assignor(user_data: bytes) -> Any:
