@@ -26,8 +26,16 @@ one ``RepliesReader``. Each assignment's ``Epoch`` attaches an ``EpochHttp`` to 
   for another instance becomes a record of the replies topic in the checkpoint's transaction,
   one for this instance is kept; both are released only after the commit, the latter in
   memory, the former by the reader of the connection's worker (``read_committed``).
-* **Idempotency keys** are refused (501, one line): they are kept beside one process's WAL,
-  and a retry may reach another worker.
+* **Idempotency keys.** A request with an ``Idempotency-Key`` is not sent to its target but
+  to its key's address, ``pystatefun.http/idempotency:<ingress id>:<key>`` (caller: the
+  request's reply address), carrying the request's fingerprint, route and message; the key's
+  function, on the worker owning the key's key group, decides (``_keys.py``, run by
+  ``_http_keys.py``) and forwards the message once. The request is answered from the outcome
+  the key sends back through the replies like a call's reply (202, the reply, either again
+  with ``Idempotent-Replayed``, or 422), so never before the key's worker committed the
+  record; a failed cut or a dropped epoch answers 503 as for a call. ``serve_keys`` adds the
+  key function to each epoch's job and the hook telling a key when its forwarded message went
+  to the dead letters.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from statefun._http.server import Reply, Request, plain
 from statefun._settings import Settings
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._http_keys import answer, dead_letter_to_key, key_functions, request_value
+from statefun.cluster._key_retention import KeyRetention
 from statefun.cluster._keys import KEY_TYPENAME, KeyMessageError, key_id
 from statefun.cluster._replies import (
     RateLimitedLog,
@@ -67,6 +76,7 @@ from statefun.runtime._functions import FunctionRegistry
 from statefun.runtime._timers import now_ms
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
+from statefun.state.base import StateBackend
 
 __all__ = [
     "ClusteredHttpSource",
@@ -115,6 +125,8 @@ class KeyedJob(Protocol):
     def outputs(self) -> _ServesKeys: ...
     @property
     def clock(self) -> Callable[[], int]: ...
+    @property
+    def state(self) -> StateBackend: ...
     def send(self, envelope: Envelope) -> None: ...
 
 
@@ -397,8 +409,7 @@ class WorkerHttp:
         #: how long a request waits to be handed to a job (``cluster_http_wait_ms``)
         self.wait_s = wait_s
         self.reader = RepliesReader(config, self.instance, self._from_reader)
-        #: how long an idempotency key is kept (``http_idempotency_retention_s``)
-        self.retention_ms = settings.http_idempotency_retention_s * 1000
+        self._settings = settings
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.completed = 0
@@ -431,7 +442,14 @@ class WorkerHttp:
     def serve_keys(self, job: KeyedJob) -> None:
         """``job`` serves the idempotency keys' function, and a key hears when the message it
         forwarded goes to the dead letters (``_http_keys.py``)."""
-        job.functions.add(key_functions(self.retention_ms, job.clock))
+        retention = KeyRetention(
+            job.state,
+            self._settings.max_parallelism,
+            self._settings.http_idempotency_retention_s * 1000,
+            self._settings.http_idempotency_max_keys,
+            self._settings.http_idempotency_max_reply_bytes,
+        )
+        job.functions.add(key_functions(retention, job.clock))
         job.outputs.on_dead_letter_from(KEY_TYPENAME, dead_letter_to_key(job.send))
 
     def attach(self, job: HttpJob, transactions: RowWriter) -> EpochHttp:

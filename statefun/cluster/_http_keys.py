@@ -2,14 +2,14 @@
 
 The decisions are ``_keys.decide`` (pure); this module runs them:
 
-* ``key_functions(retention_ms, clock)``: the embedded function ``pystatefun.http/idempotency``
+* ``key_functions(retention, clock)``: the embedded function ``pystatefun.http/idempotency``
   that every epoch's job of a worker with an HTTP ingress serves (``FunctionRegistry.add``).
-  Its state is the key's record (state TTL ``expire_after_write`` = the retention, and an
-  ``Expire`` message to itself at the end of it, which deletes the record: the runtime's TTL
-  only hides a value when its address is next called, the message leaves a tombstone in the
-  changelog). Its answers are messages to ``pystatefun.http/reply:<request id>`` - replies like
-  a ``/call``'s, held until the checkpoint that holds the record commits and carried to the
-  connection's worker by the replies topic. A value it cannot read is logged (rate-limited)
+  Its state is the key's record (with the state TTL ``expire_after_write`` = the retention;
+  ``retention``, a ``KeyRetention``, deletes expired keys and bounds how many are kept per key
+  group, ``_key_retention.py``). Its answers are messages to
+  ``pystatefun.http/reply:<request id>`` - replies like a ``/call``'s, held until the
+  checkpoint that holds the record commits and carried to the connection's worker by the
+  replies topic. A value it cannot read is logged (rate-limited)
   and ignored: the key function never fails the job.
 * ``dead_letter_to_key(send)``: the job's hook for a dead letter whose caller is a key (the
   forwarded message of a ``/call``): the key hears it (``Outputs.on_dead_letter_from``).
@@ -26,19 +26,18 @@ from typing import Any
 
 from statefun._addresses import REPLY_TYPENAME
 from statefun._http.server import Reply, plain
+from statefun.cluster._key_retention import KeyRetention
 from statefun.cluster._keys import (
     ACCEPTED,
     BUSY,
     CONFLICT,
     DEAD,
     DEAD_LETTER_TYPENAME,
-    EXPIRE_TYPENAME,
     KEY_TYPENAME,
     OUTCOME_TYPENAME,
     RECORD_TYPENAME,
     REQUEST_TYPENAME,
     Event,
-    Expire,
     KeyMessageError,
     Outcome,
     Target,
@@ -77,8 +76,8 @@ _REPLAYED = (("Idempotent-Replayed", "true"),)
 class KeyFunction:
     """The key function (see the module); ``clock`` is the wall clock in ms."""
 
-    def __init__(self, retention_ms: int, clock: Callable[[], int]) -> None:
-        self.retention_ms = retention_ms
+    def __init__(self, retention: KeyRetention, clock: Callable[[], int]) -> None:
+        self.retention = retention
         self._clock = clock
         self._limited = RateLimitedLog("idempotency key")
 
@@ -91,12 +90,15 @@ class KeyFunction:
         except KeyMessageError as exc:
             self._limited.warn(f"{context.address.id!r}: {exc}; ignored")
             return
-        decision = decide(record, event, self._clock(), self.retention_ms)
+        now = self._clock()
+        decision = decide(record, event, now, self.retention.retention_ms)
         if decision.write:
-            if decision.record is None:
+            record = decision.record
+            if record is None:
                 del storage.record
             else:
-                storage.record = encode_record(decision.record)
+                storage.record = encode_record(record)
+        self.retention.seen(context.address.id, record, now)
         for request_id, outcome in decision.answers:
             value = TypedValue(OUTCOME_TYPENAME, encode_outcome(outcome))
             context.send(Message(REPLY_TYPENAME, request_id, value))
@@ -104,11 +106,6 @@ class KeyFunction:
         if target is not None:
             value = TypedValue(target.value_typename, target.value if target.has_value else None)
             context.send(Message(target.typename, target.id, value))
-        if decision.expire_in_ms is not None:
-            context.send_after(
-                timedelta(milliseconds=decision.expire_in_ms),
-                Message(KEY_TYPENAME, context.address.id, TypedValue(EXPIRE_TYPENAME, None)),
-            )
 
 
 def _event(message: Message, caller: SdkAddress | None) -> Event:
@@ -121,18 +118,17 @@ def _event(message: Message, caller: SdkAddress | None) -> Event:
         return decode_request(data, caller.id)
     if typename == DEAD_LETTER_TYPENAME:
         return decode_dead_letter(data)
-    if typename == EXPIRE_TYPENAME:
-        return Expire()
     sender = ("", "") if caller is None else (caller.typename, caller.id)
     return KeyReply(sender, typename, bool(value.has_value), data)
 
 
-def key_functions(retention_ms: int, clock: Callable[[], int]) -> StatefulFunctions:
+def key_functions(retention: KeyRetention, clock: Callable[[], int]) -> StatefulFunctions:
     """The registry holding the key function, to ``FunctionRegistry.add`` to a job."""
     functions = StatefulFunctions()
+    retention_ms = retention.retention_ms
     ttl = timedelta(milliseconds=retention_ms) if retention_ms > 0 else None
     spec = ValueSpec("record", _RECORD_TYPE, expire_after_write=ttl)
-    functions.register(KEY_TYPENAME, KeyFunction(retention_ms, clock), [spec])
+    functions.register(KEY_TYPENAME, KeyFunction(retention, clock), [spec])
     return functions
 
 

@@ -24,7 +24,10 @@ Events (each a message to the key's address):
   key). The first waiting request hears why (422); with others waiting the message is
   forwarded again for them (the single-process ingress's waiters retry as well), else the key
   is forgotten, so that a retry is processed.
-* ``Expire``: the key's retention ended (a delayed message the key sent itself): forgotten.
+
+A record older than the retention is as good as none: the event finds the key unseen, and the
+record is deleted (written as None) unless the event records the key anew. Deleting expired
+keys no request touches, and bounding how many are kept, is ``_key_retention.py``'s.
 
 Values on the wire and in state are msgpack lists with a version first; ``KeyMessageError``
 (one line) for anything else.
@@ -43,7 +46,6 @@ __all__ = [
     "CONFLICT",
     "DEAD",
     "DEAD_LETTER_TYPENAME",
-    "EXPIRE_TYPENAME",
     "KEY_TYPENAME",
     "MAX_WAITERS",
     "OUTCOME_TYPENAME",
@@ -52,7 +54,6 @@ __all__ = [
     "REQUEST_TYPENAME",
     "DeadLetter",
     "Decision",
-    "Expire",
     "KeyMessageError",
     "Outcome",
     "Record",
@@ -76,7 +77,6 @@ KEY_TYPENAME = "pystatefun.http/idempotency"
 REQUEST_TYPENAME = "pystatefun.http/idempotency-request"
 OUTCOME_TYPENAME = "pystatefun.http/idempotency-outcome"
 DEAD_LETTER_TYPENAME = "pystatefun.http/idempotency-dead-letter"
-EXPIRE_TYPENAME = "pystatefun.http/idempotency-expire"
 RECORD_TYPENAME = "pystatefun.http/idempotency-record"
 
 #: requests waiting on one key in progress; more are answered ``BUSY`` (503)
@@ -155,12 +155,7 @@ class DeadLetter:
     reason: str
 
 
-@dataclass(frozen=True)
-class Expire:
-    """The key's retention may have ended."""
-
-
-Event = Request | Reply | DeadLetter | Expire
+Event = Request | Reply | DeadLetter
 
 
 @dataclass(frozen=True)
@@ -196,39 +191,37 @@ class Record:
 class Decision:
     """What the key function does: ``record`` is the state after (None: forgotten) and is
     written only when ``write``; ``answers`` go to the waiting requests; ``forward`` is sent
-    (from the key's address); ``expire_in_ms``: send ``Expire`` to itself after that long."""
+    (from the key's address)."""
 
     record: Record | None
     write: bool = False
     answers: list[tuple[str, Outcome]] = field(default_factory=list)
     forward: Target | None = None
-    expire_in_ms: int | None = None
 
 
 def decide(record: Record | None, event: Event, now_ms: int, retention_ms: int) -> Decision:
     """The key function's step (see the module): ``record`` before (not changed: a new one
     comes out), ``event``, the wall clock and how long a key is kept."""
-    if record is not None and record.accepted_ms + retention_ms <= now_ms:
-        if isinstance(event, Expire):
-            return Decision(None, write=True)
-        record = None  # expired: as if unseen (its Expire message may still be on its way)
+    expired = record is not None and record.accepted_ms + retention_ms <= now_ms
+    if expired:
+        record = None  # as if unseen
     if isinstance(event, Request):
-        return _request(record, event, now_ms, retention_ms)
-    if isinstance(event, Reply):
-        return _reply(record, event, now_ms)
-    if isinstance(event, DeadLetter):
-        return _dead_letter(record, event, now_ms)
-    return Decision(record)  # Expire of a key seen again since, or already gone
+        decision = _request(record, event, now_ms)
+    elif isinstance(event, Reply):
+        decision = _reply(record, event, now_ms)
+    else:
+        decision = _dead_letter(record, event, now_ms)
+    if expired:
+        decision.write = True  # (deleted, unless recorded anew)
+    return decision
 
 
-def _request(record: Record | None, event: Request, now_ms: int, retention_ms: int) -> Decision:
+def _request(record: Record | None, event: Request, now_ms: int) -> Decision:
     request_id = event.request_id
     if record is None:
         if event.route == "messages":  # accepted in the step that forwards it
             new = Record(event.fingerprint, event.route, now_ms, result=ACCEPTED)
-            return Decision(
-                new, True, [(request_id, Outcome(ACCEPTED))], event.target, retention_ms
-            )
+            return Decision(new, True, [(request_id, Outcome(ACCEPTED))], event.target)
         new = Record(
             event.fingerprint,
             event.route,
@@ -236,7 +229,7 @@ def _request(record: Record | None, event: Request, now_ms: int, retention_ms: i
             target=event.target,
             waiters=[(request_id, event.until_ms)],
         )
-        return Decision(new, True, [], event.target, retention_ms)
+        return Decision(new, True, [], event.target)
     if record.fingerprint != event.fingerprint:
         return Decision(record, answers=[(request_id, Outcome(CONFLICT))])
     if record.result == ACCEPTED:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from statefun.cluster._changelog import TrackedMemoryState
+from statefun.cluster._key_retention import KeyRetention
 from statefun.cluster._keys import (
     ACCEPTED,
     BUSY,
     CONFLICT,
     DEAD,
+    KEY_TYPENAME,
     MAX_WAITERS,
+    RECORD_TYPENAME,
     REPLY,
     DeadLetter,
     Decision,
-    Expire,
     KeyMessageError,
     Outcome,
     Record,
@@ -32,6 +35,7 @@ from statefun.cluster._keys import (
     encode_request,
     key_id,
 )
+from statefun.sdk._types import TypedValue
 
 RETENTION = 60_000
 T0 = 1_000_000
@@ -57,10 +61,10 @@ def test_a_message_is_accepted_and_forwarded_in_one_step_then_replayed() -> None
     first = _run(None, _request("r1", "messages"))
     assert first.write and first.record is not None and first.record.result == ACCEPTED
     assert first.answers == [("r1", Outcome(ACCEPTED))]
-    assert first.forward == TARGET and first.expire_in_ms == RETENTION
+    assert first.forward == TARGET
     again = _run(first.record, _request("r2", "messages"), T0 + 10)
     assert again.answers == [("r2", Outcome(ACCEPTED, replayed=True))]
-    assert again.forward is None and not again.write and again.expire_in_ms is None
+    assert again.forward is None and not again.write
 
 
 def test_another_fingerprint_is_a_conflict_and_changes_nothing() -> None:
@@ -142,18 +146,18 @@ def test_a_dead_letter_of_a_message_route_or_another_target_changes_nothing() ->
     assert _run(record, DeadLetter(("ex/other", "x"), "x")) == Decision(record)
 
 
-def test_a_key_is_forgotten_when_its_retention_ends() -> None:
+def test_a_key_past_its_retention_is_unseen_and_deleted() -> None:
     record = _run(None, _request("r1", "messages")).record
-    assert _run(record, Expire(), T0 + RETENTION - 1) == Decision(record)  # not yet
-    gone = _run(record, Expire(), T0 + RETENTION)
-    assert gone.write and gone.record is None
-    # past the retention a request is new even before the Expire message arrives
+    assert _run(record, _request("r2", "messages"), T0 + RETENTION - 1).answers == [
+        ("r2", Outcome(ACCEPTED, True))
+    ]
     fresh = _run(record, _request("r2", "messages", OTHER_FP), T0 + RETENTION)
     assert fresh.forward == TARGET and fresh.answers == [("r2", Outcome(ACCEPTED))]
-    assert fresh.record is not None and fresh.record.accepted_ms == T0 + RETENTION
-    # the first record's Expire then leaves the new one alone
-    assert _run(fresh.record, Expire(), T0 + RETENTION + 5).write is False
-    assert _run(None, Expire()) == Decision(None)
+    assert fresh.write and fresh.record is not None
+    assert fresh.record.accepted_ms == T0 + RETENTION and fresh.record.fingerprint == OTHER_FP
+    calling = _run(None, _request("r1")).record
+    late = _run(calling, _reply(), T0 + RETENTION)  # the reply after the key expired
+    assert late.write and late.record is None and late.answers == []
 
 
 def test_values_round_trip() -> None:
@@ -192,3 +196,53 @@ def test_values_that_are_not_the_key_functions_are_one_line_errors(
     with pytest.raises(KeyMessageError, match=says) as caught:
         decode(data)  # type: ignore[operator]
     assert "\n" not in str(caught.value)
+
+
+# -- retention and bounds per key group (``_key_retention.py``) on the worker's state backend --
+
+
+def _state_with(keys: dict[str, Record]) -> TrackedMemoryState:
+    state = TrackedMemoryState()
+    for id_, record in keys.items():
+        value = TypedValue(RECORD_TYPENAME, encode_record(record))
+        state.restore_put(0, (KEY_TYPENAME, id_), {"record": value})
+    state.restore_put(0, ("ex/greeter", "dave"), {"seen": TypedValue("t/T", b"1")})
+    return state
+
+
+def _keys_of(state: TrackedMemoryState) -> list[str]:
+    return sorted(id_ for (typename, id_), _ in state.items(0) if typename == KEY_TYPENAME)
+
+
+def _accepted(at: int, reply: bytes | None = None) -> Record:
+    if reply is None:
+        return Record(FP, "messages", at, result=ACCEPTED)
+    return Record(FP, "call", at, result=("t/T", True, reply))
+
+
+def test_expired_keys_of_the_key_group_are_deleted_when_one_of_it_is_seen() -> None:
+    state = _state_with({"old": _accepted(T0), "new": _accepted(T0 + 500)})
+    retention = KeyRetention(state, 1, 1_000, 100, 1 << 20)
+    retention.seen("now", _accepted(T0 + 1_200), T0 + 1_200)
+    assert _keys_of(state) == ["new"]  # ("now" is written by the dispatcher after the call)
+    assert state.take_changed() == {(0, (KEY_TYPENAME, "old"))}  # a tombstone in the changelog
+    assert (retention.expired, retention.evicted, len(retention)) == (1, 0, 2)
+    assert state.get(0, ("ex/greeter", "dave")) is not None  # other functions' state stays
+
+
+def test_the_oldest_keys_go_past_the_key_groups_share_of_the_bounds() -> None:
+    # (max_parallelism 1: one key group, with the whole bound)
+    state = _state_with({f"k{n}": _accepted(T0 + n) for n in range(3)})
+    retention = KeyRetention(state, 1, RETENTION, 3, 1 << 20)
+    retention.seen("k3", _accepted(T0 + 3), T0 + 3)
+    assert _keys_of(state) == ["k1", "k2"] and retention.evicted == 1
+    state.restore_put(0, (KEY_TYPENAME, "k3"), {"x": TypedValue("t/T", b"")})
+    retention.seen("k1", _accepted(T0 + 1), T0 + 10)  # seen again: keeps its place
+    retention.seen("k4", _accepted(T0 + 11), T0 + 11)
+    assert _keys_of(state) == ["k2", "k3"]  # k1 was still the oldest
+    # reply bytes: a 600-byte reply in a group allowed 1,000 pushes the older replies out
+    state = _state_with({"a": _accepted(T0, b"x" * 300), "b": _accepted(T0 + 1, b"y" * 300)})
+    retention = KeyRetention(state, 1, RETENTION, 100, 1_000)
+    retention.seen("c", _accepted(T0 + 2, b"z" * 600), T0 + 2)
+    assert _keys_of(state) == ["b"] and retention.evicted == 1
+    assert KeyRetention(state, 128, RETENTION, 1_000_000, 256 << 20).max_keys == 7813
