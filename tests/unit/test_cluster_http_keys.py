@@ -189,5 +189,6 @@ async def test_a_dead_lettered_call_is_a_422_and_its_key_is_forgotten(workers: W
 
 
 async def test_a_bad_key_is_refused(workers: Workers) -> None:
-    answer = await workers.post("A", "/call/chttp/call/a", "x", "")
-    assert answer.status == 400 and "Idempotency-Key" in answer.body
+    answer = await workers.post("A", "/call/chttp/call/a", "x", "k" * 300)
+    assert answer.status == 400 and "Idempotency-Key" in answer.body and "255" in answer.body
+    assert workers.count("chttp/call", "a") == 0
