@@ -68,8 +68,7 @@ from statefun.egress.kafka import Row
 from statefun.ingress._http_kind import server_options
 from statefun.ingress._idempotency import HEADER, HEADER_KEY
 from statefun.ingress._keystore import check_key, fingerprint
-from statefun.ingress.http import HttpSource, _Refused, unavailable
-from statefun.ingress.http import _reply as reply_of
+from statefun.ingress.http import HttpSource, RequestRefused, call_reply, unavailable
 from statefun.module._specs import HttpIngressSpec, ModuleSpec
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
@@ -156,7 +155,7 @@ class ClusteredHttpSource(HttpSource):
         kind, typename, id_ = request.state
         try:
             value = self._value(request, body)
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         problem = check_key(key)
         if problem is not None:
@@ -184,7 +183,7 @@ class ClusteredHttpSource(HttpSource):
             outcome = await asyncio.wait_for(
                 asyncio.shield(future), max(0.0, deadline - loop.time())
             )
-            reply = answer(outcome, key, f"{typename}/{id_}", reply_of)
+            reply = answer(outcome, key, f"{typename}/{id_}", call_reply)
         except TimeoutError:
             return plain(
                 504,
@@ -194,7 +193,7 @@ class ClusteredHttpSource(HttpSource):
             )
         except UndeliverableError as exc:  # the message to the key went to the dead letters
             return plain(422, f"{HEADER} {key!r}: {exc}")
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         except UnavailableError as exc:
             return unavailable(str(exc))
