@@ -43,7 +43,7 @@ from statefun.ingress.base import IngressContext, Source
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import StringType, TypedValue, validate_typename
 
-__all__ = ["HttpSource", "unavailable"]
+__all__ = ["HttpSource", "RequestRefused", "call_reply", "unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ RETRY_AFTER = "Retry-After"
 RETRY_AFTER_S = "1"
 
 
-class _Refused(Exception):
+class RequestRefused(Exception):
     """A request answered with an error reply instead of a message."""
 
     def __init__(self, reply: Reply) -> None:
@@ -160,7 +160,7 @@ class HttpSource(Source):
         # does not wait for them.
         for _, future in self._group:
             if not future.done():
-                future.set_exception(_Refused(unavailable("the job is stopping")))
+                future.set_exception(RequestRefused(unavailable("the job is stopping")))
         self._group.clear()
         if self._server is not None:
             await self._server.close(2.0)
@@ -282,7 +282,7 @@ class HttpSource(Source):
         """Refuse before the body: unknown paths and types, wrong methods, too large."""
         try:
             request.state = self._route(request)  # handle() takes it from there
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         return None  # the server refuses a body over max_body_bytes itself
 
@@ -291,11 +291,11 @@ class HttpSource(Source):
         path = request.path
         if path == "/health":
             if request.method not in ("GET", "HEAD"):
-                raise _Refused(plain(405, "use GET on /health", (("Allow", "GET"),)))
+                raise RequestRefused(plain(405, "use GET on /health", (("Allow", "GET"),)))
             return None
         parts = path.split("/")
         if len(parts) != 5 or parts[0] or parts[1] not in _ROUTES or not all(parts[2:]):
-            raise _Refused(
+            raise RequestRefused(
                 plain(
                     404,
                     f"no such path {path!r}; POST to /messages/<namespace>/<type>/<id> "
@@ -303,18 +303,18 @@ class HttpSource(Source):
                 )
             )
         if request.method != "POST":
-            raise _Refused(plain(405, f"use POST on {path}", (("Allow", "POST"),)))
+            raise RequestRefused(plain(405, f"use POST on {path}", (("Allow", "POST"),)))
         namespace, name, id_ = (unquote(part) for part in parts[2:])
         typename = f"{namespace}/{name}"
         context = self._context
         if context is None:
-            raise _Refused(unavailable("the job is not running yet"))
+            raise RequestRefused(unavailable("the job is not running yet"))
         if not context.is_function_type(typename):
             try:  # not a type of the module; malformed (an encoded "/" in a part) or unknown
                 validate_typename(typename, "function type")
             except ValueError as exc:
-                raise _Refused(plain(400, str(exc))) from None
-            raise _Refused(plain(404, f"no function type {typename!r} in the module"))
+                raise RequestRefused(plain(400, str(exc))) from None
+            raise RequestRefused(plain(404, f"no function type {typename!r} in the module"))
         return parts[1], typename, id_
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
@@ -325,7 +325,7 @@ class HttpSource(Source):
         kind, typename, id_ = route
         try:
             value = self._value(request, body)
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         idempotency_key = request.headers.get(HEADER_KEY)
         if idempotency_key is not None:
@@ -349,8 +349,8 @@ class HttpSource(Source):
                 text = body.decode("utf-8")
                 return TypedValue(StringType.typename, StringType.serializer().serialize(text))
         except (RecordError, ValueError) as exc:
-            raise _Refused(plain(400, str(exc))) from None
-        raise _Refused(
+            raise RequestRefused(plain(400, str(exc))) from None
+        raise RequestRefused(
             plain(
                 415,
                 "say the value's type: a 'typename' query parameter or an "
@@ -360,7 +360,7 @@ class HttpSource(Source):
 
     def _admit(self) -> IngressContext:
         if self._waiting >= self.max_pending:
-            raise _Refused(unavailable("too many requests waiting; try again later"))
+            raise RequestRefused(unavailable("too many requests waiting; try again later"))
         assert self._context is not None
         return self._context
 
@@ -374,14 +374,16 @@ class HttpSource(Source):
                 return self._send(typename, id_, value, entry)
             return self._call(typename, id_, value, entry)
 
-        return self.keys.answer(key, kind, typename, id_, value, run, _reply, self.reply_timeout_s)
+        return self.keys.answer(
+            key, kind, typename, id_, value, run, call_reply, self.reply_timeout_s
+        )
 
     async def _send(
         self, typename: str, id_: str, value: TypedValue, key: Entry | None = None
     ) -> Reply:
         try:
             await self._deliver(typename, id_, value, None, key=key)
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         except UnavailableError as exc:  # the runtime could not keep it: not accepted
             return unavailable(str(exc))
@@ -416,14 +418,14 @@ class HttpSource(Source):
                 )
             except UndeliverableError as exc:  # the message went to the dead letters
                 return plain(422, f"{typename}/{id_}: {exc}")
-        except _Refused as exc:
+        except RequestRefused as exc:
             return exc.reply
         except UnavailableError as exc:
             return unavailable(str(exc))
         finally:
             if key is None or not key.emitted:
                 self.replies.pop(request_id, None)
-        return _reply(reply)
+        return call_reply(reply)
 
 
 def unavailable(reason: str) -> Reply:
@@ -438,7 +440,8 @@ def _caller(fields: list[str] | None) -> SdkAddress | None:
     return SdkAddress(namespace, name, id_, f"{namespace}/{name}")
 
 
-def _reply(reply: Any) -> Reply:
+def call_reply(reply: Any) -> Reply:
+    """The HTTP answer of a /call from the function's reply (a typed value)."""
     typename = str(reply.typename)
     body = bytes(reply.value) if reply.has_value else b""
     headers = ((TYPENAME_HEADER, typename),)

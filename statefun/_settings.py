@@ -251,14 +251,15 @@ class Settings:
         metadata=_doc(
             "Idempotency-Keys an HTTP ingress remembers at most (about 360 bytes of memory "
             "each for a 36-character key, plus a /call's reply); past it the oldest are "
-            "forgotten first"
+            "forgotten first (a clustered job: per key group, this over max_parallelism)"
         ),
     )
     http_idempotency_max_reply_bytes: int = field(
         default=256 << 20,
         metadata=_doc(
             "bytes of /call replies an HTTP ingress keeps for repeated Idempotency-Keys; past "
-            "it the oldest keys are forgotten first"
+            "it the oldest keys are forgotten first (a clustered job: per key group, this over "
+            "max_parallelism)"
         ),
     )
     admin_savepoint_min_interval_ms: int = field(

@@ -26,8 +26,16 @@ one ``RepliesReader``. Each assignment's ``Epoch`` attaches an ``EpochHttp`` to 
   for another instance becomes a record of the replies topic in the checkpoint's transaction,
   one for this instance is kept; both are released only after the commit, the latter in
   memory, the former by the reader of the connection's worker (``read_committed``).
-* **Idempotency keys** are refused (501, one line): they are kept beside one process's WAL,
-  and a retry may reach another worker.
+* **Idempotency keys.** A request with an ``Idempotency-Key`` is not sent to its target but
+  to its key's address, ``pystatefun.http/idempotency:<ingress id>:<key>`` (caller: the
+  request's reply address), carrying the request's fingerprint, route and message; the key's
+  function, on the worker owning the key's key group, decides (``_keys.py``, run by
+  ``_http_keys.py``) and forwards the message once. The request is answered from the outcome
+  the key sends back through the replies like a call's reply (202, the reply, either again
+  with ``Idempotent-Replayed``, or 422), so never before the key's worker committed the
+  record; a failed cut or a dropped epoch answers 503 as for a call. ``serve_keys`` adds the
+  key function to each epoch's job and the hook telling a key when its forwarded message went
+  to the dead letters.
 """
 
 from __future__ import annotations
@@ -39,11 +47,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from statefun._addresses import REPLY_TYPENAME
+from statefun._addresses import REPLY_NAME, REPLY_NAMESPACE, REPLY_TYPENAME
 from statefun._exceptions import UnavailableError, UndeliverableError
 from statefun._http.server import Reply, Request, plain
 from statefun._settings import Settings
 from statefun.cluster._config import ClusterConfig
+from statefun.cluster._http_keys import answer, dead_letter_to_key, key_functions, request_value
+from statefun.cluster._key_retention import KeyRetention
+from statefun.cluster._keys import KEY_TYPENAME, KeyMessageError, key_id
 from statefun.cluster._replies import (
     RateLimitedLog,
     RepliesReader,
@@ -55,12 +66,16 @@ from statefun.cluster._replies import (
 )
 from statefun.egress.kafka import Row
 from statefun.ingress._http_kind import server_options
-from statefun.ingress._idempotency import HEADER_KEY
-from statefun.ingress.http import HttpSource
+from statefun.ingress._idempotency import HEADER, HEADER_KEY
+from statefun.ingress._keystore import check_key, fingerprint
+from statefun.ingress.http import HttpSource, RequestRefused, call_reply, unavailable
 from statefun.module._specs import HttpIngressSpec, ModuleSpec
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
+from statefun.runtime._timers import now_ms
 from statefun.sdk._spec import SdkAddress
+from statefun.sdk._types import TypedValue
+from statefun.state.base import StateBackend
 
 __all__ = [
     "ClusteredHttpSource",
@@ -72,11 +87,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_IDEMPOTENCY_REFUSED = (
-    "Idempotency-Key is not supported by a clustered job's HTTP ingress (keys are kept by one "
-    "process, and a retry may reach another worker); send without it"
-)
 
 
 class _HoldsReplies(Protocol):
@@ -99,6 +109,26 @@ class HttpJob(Protocol):
     def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None: ...
 
 
+class _ServesKeys(Protocol):
+    def on_dead_letter_from(
+        self, caller_typename: str, tell: Callable[[str, Envelope, str], None]
+    ) -> None: ...
+
+
+class KeyedJob(Protocol):
+    """What ``WorkerHttp.serve_keys`` takes from an epoch's job."""
+
+    @property
+    def functions(self) -> FunctionRegistry: ...
+    @property
+    def outputs(self) -> _ServesKeys: ...
+    @property
+    def clock(self) -> Callable[[], int]: ...
+    @property
+    def state(self) -> StateBackend: ...
+    def send(self, envelope: Envelope) -> None: ...
+
+
 class RowWriter(Protocol):
     """The worker's open transaction (``WorkerTransactions``)."""
 
@@ -110,12 +140,72 @@ def http_ingresses(module: ModuleSpec) -> list[HttpIngressSpec]:
 
 
 class ClusteredHttpSource(HttpSource):
-    """The HTTP ingress's server and routes, without a WAL, refusing idempotency keys."""
+    """The HTTP ingress's server and routes, without a WAL; a request with an
+    ``Idempotency-Key`` goes to its key's address (``_http_keys.py``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: keyed requests answered from a recorded outcome (``Idempotent-Replayed``)
+        self.replayed = 0
 
     def handle(self, request: Request, body: bytes) -> Reply | Coroutine[Any, Any, Reply]:
-        if request.state is not None and request.headers.get(HEADER_KEY) is not None:
-            return plain(501, _IDEMPOTENCY_REFUSED)
-        return super().handle(request, body)
+        key = request.headers.get(HEADER_KEY) if request.state is not None else None
+        if key is None:
+            return super().handle(request, body)
+        kind, typename, id_ = request.state
+        try:
+            value = self._value(request, body)
+        except RequestRefused as exc:
+            return exc.reply
+        problem = check_key(key)
+        if problem is not None:
+            return plain(400, f"bad {HEADER} header: {problem}")
+        return self._keyed_request(key, kind, typename, id_, value)
+
+    async def _keyed_request(
+        self, key: str, kind: str, typename: str, id_: str, value: TypedValue
+    ) -> Reply:
+        """Send the request to its key's address and answer what the key sends back."""
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        deadline = loop.time() + self.reply_timeout_s
+        until_ms = now_ms() + int(self.reply_timeout_s * 1000)
+        message = request_value(
+            fingerprint(kind, typename, id_, value), kind, typename, id_, value, until_ms
+        )
+        caller = SdkAddress(REPLY_NAMESPACE, REPLY_NAME, request_id, REPLY_TYPENAME)
+        self.replies[request_id] = future
+        try:
+            await self._deliver(
+                KEY_TYPENAME, key_id(self.ingress_id, key), message, caller, durable=False
+            )
+            outcome = await asyncio.wait_for(
+                asyncio.shield(future), max(0.0, deadline - loop.time())
+            )
+            reply = answer(outcome, key, f"{typename}/{id_}", call_reply)
+        except TimeoutError:
+            return plain(
+                504,
+                f"no outcome for {HEADER} {key!r} within {self.reply_timeout_s:g} s: the request "
+                "is still in progress (or its key's worker is away); a retry with the same key "
+                "gets its outcome",
+            )
+        except UndeliverableError as exc:  # the message to the key went to the dead letters
+            return plain(422, f"{HEADER} {key!r}: {exc}")
+        except RequestRefused as exc:
+            return exc.reply
+        except UnavailableError as exc:
+            return unavailable(str(exc))
+        except KeyMessageError as exc:
+            return plain(500, f"{HEADER} {key!r}: {exc}")
+        finally:
+            self.replies.pop(request_id, None)
+        if reply.status < 300:
+            self.accepted += 1
+        if any(name == "Idempotent-Replayed" for name, _ in reply.headers):
+            self.replayed += 1
+        return reply
 
 
 @dataclass
@@ -318,6 +408,7 @@ class WorkerHttp:
         #: how long a request waits to be handed to a job (``cluster_http_wait_ms``)
         self.wait_s = wait_s
         self.reader = RepliesReader(config, self.instance, self._from_reader)
+        self._settings = settings
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.completed = 0
@@ -346,6 +437,19 @@ class WorkerHttp:
         await asyncio.to_thread(self.reader.close)
 
     # -- epochs -------------------------------------------------------------------------------
+
+    def serve_keys(self, job: KeyedJob) -> None:
+        """``job`` serves the idempotency keys' function, and a key hears when the message it
+        forwarded goes to the dead letters (``_http_keys.py``)."""
+        retention = KeyRetention(
+            job.state,
+            self._settings.max_parallelism,
+            self._settings.http_idempotency_retention_s * 1000,
+            self._settings.http_idempotency_max_keys,
+            self._settings.http_idempotency_max_reply_bytes,
+        )
+        job.functions.add(key_functions(retention, job.clock))
+        job.outputs.on_dead_letter_from(KEY_TYPENAME, dead_letter_to_key(job.send))
 
     def attach(self, job: HttpJob, transactions: RowWriter) -> EpochHttp:
         """A new epoch's job serves the requests from now on."""

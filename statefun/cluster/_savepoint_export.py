@@ -25,6 +25,7 @@ changelog; a job restored from the savepoint learns them again from the function
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ from statefun.cluster._changelog import Restored, decode_records, read_changelog
 from statefun.cluster._config import ClusterConfig, cluster_config
 from statefun.cluster._exchange import decode_message
 from statefun.cluster._kafka_admin import open_admin
+from statefun.cluster._keys import KEY_TYPENAME
 from statefun.module._specs import KafkaIngressSpec, ModuleSpec
+from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
 from statefun.state.memory import MemoryStateBackend
 
@@ -71,10 +74,26 @@ def write_savepoint(
     latest, _ = read_changelog(
         config, range(config.partitions), _READ_TIMEOUT_S, client="savepoint"
     )
-    restored = decode_records(latest)
-    restored.messages.extend(_exchange_tail(config, committed))
+    restored = _without_keys(decode_records(latest))
+    restored.messages.extend(m for m in _exchange_tail(config, committed) if _not_key(m))
     positions = _positions(module, committed, ends)
     return _write(settings, restored, positions, root)
+
+
+def _not_key(envelope: Envelope) -> bool:
+    return envelope.typename != KEY_TYPENAME
+
+
+def _without_keys(restored: Restored) -> Restored:
+    """The HTTP ingress's idempotency keys stay behind (their records, the requests to them and
+    their expiry): a single-process job keeps its keys beside its WAL, and a stopped job has no
+    request waiting."""
+    return dataclasses.replace(
+        restored,
+        state=[s for s in restored.state if s[1][0] != KEY_TYPENAME],
+        messages=[m for m in restored.messages if _not_key(m)],
+        timers=[t for t in restored.timers if _not_key(t[3])],
+    )
 
 
 def _group_offsets(

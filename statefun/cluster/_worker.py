@@ -189,6 +189,8 @@ class Epoch:
         self.job = job = Job(
             self.module, self.settings, sinks=sinks, state=self.state, serve_admin=False
         )
+        if self.http is not None:  # before anything is routed: its idempotency keys' function
+            self.http.serve_keys(job)
         self.source = ExchangeSource(job.send)
         for ingress in self.module.ingresses:
             if isinstance(ingress, KafkaIngressSpec):

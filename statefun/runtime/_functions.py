@@ -94,6 +94,13 @@ def _load_functions(endpoint: EmbeddedEndpointSpec, base_dirs: list[Path]) -> St
     return obj
 
 
+def _embedded(function: StatefulFunction) -> EmbeddedFunction:
+    specs = {s.name: StateSpec.from_value_spec(s) for s in function.specs}
+    return EmbeddedFunction(
+        function.typename, function, specs, any(s.ttl_mode for s in specs.values())
+    )
+
+
 class FunctionRegistry:
     """Resolves function typenames to the code that runs them, once per typename."""
 
@@ -133,9 +140,13 @@ class FunctionRegistry:
         functions = self._embedded[index]
         if typename not in functions:
             return None
-        function = functions.for_typename(typename)
-        specs = {s.name: StateSpec.from_value_spec(s) for s in function.specs}
-        return EmbeddedFunction(typename, function, specs, any(s.ttl_mode for s in specs.values()))
+        return _embedded(functions.for_typename(typename))
+
+    def add(self, functions: StatefulFunctions) -> None:
+        """Serve ``functions`` in this process too, beside the module's (the runtime's own
+        functions: a clustered job's idempotency keys)."""
+        for function in functions:
+            self._resolved[function.typename] = _embedded(function)
 
     def known(self) -> list[AnyFunction]:
         """Every function resolved so far, and every exact typename of an endpoint."""

@@ -54,6 +54,9 @@ class Outputs:
         #: set: told of a dead-lettered call whose caller waits elsewhere (a clustered worker
         #: sends the 422 to the worker holding the connection)
         self._undeliverable_call: Callable[[str, str], None] | None = None
+        #: caller typename -> told (caller id, envelope, reason) of a dead letter it sent: a
+        #: clustered job's idempotency key hears that the message it forwarded is one
+        self._dead_letter_callers: dict[str, Callable[[str, Envelope, str], None]] = {}
         self._auto_commit = 0
 
     # -- egress ---------------------------------------------------------------------------
@@ -128,6 +131,13 @@ class Outputs:
         """``tell(request id, reason)`` for a dead-lettered call no caller here waits for."""
         self._undeliverable_call = tell
 
+    def on_dead_letter_from(
+        self, caller_typename: str, tell: Callable[[str, Envelope, str], None]
+    ) -> None:
+        """``tell(caller id, envelope, reason)`` for each dead letter whose caller is of
+        ``caller_typename``."""
+        self._dead_letter_callers[caller_typename] = tell
+
     # -- dead letters ---------------------------------------------------------------------
 
     def dead_letter(self, batch: list[Envelope], reason: str) -> None:
@@ -155,6 +165,10 @@ class Outputs:
                     future.set_exception(UndeliverableError(f"dead letter {seq}: {reason}"))
                 elif future is None and self._undeliverable_call is not None:
                     self._undeliverable_call(caller.id, f"dead letter {seq}: {reason}")
+            elif caller is not None and self._dead_letter_callers:
+                tell = self._dead_letter_callers.get(caller.typename)
+                if tell is not None:
+                    tell(caller.id, envelope, f"dead letter {seq}: {reason}")
 
     def dead_letter_record(self, fields: dict[str, Any], value: Any) -> None:
         """Something other than a message (an ingress record, a state value) that goes to

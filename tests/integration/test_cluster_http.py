@@ -2,9 +2,11 @@
 real HTTP on 127.0.0.1: each worker serves the ingress on its own port; requests sent to one
 worker for addresses the other owns (and to the owner) take effect once, fire-and-forget
 messages are acknowledged only once committed, and a call's reply reaches the worker holding
-the connection. A worker SIGKILLed while requests stream in loses no acknowledged message and
-duplicates no egress record. While a rebalance is held open (a member SIGSTOPped), requests
-are answered 503 with Retry-After within the wait bound, and none of those is in the egress."""
+the connection. Idempotency keys answer a repeat on either worker with the first outcome, also
+after the key's owner died. A worker SIGKILLed while requests stream in loses no acknowledged
+message and duplicates no egress record. While a rebalance is held open (a member
+SIGSTOPped), requests are answered 503 with Retry-After within the wait bound, and none of
+those is in the egress."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from statefun._kafka import import_kafka
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
+from statefun.cluster._keys import KEY_TYPENAME, key_id
 from tests.integration.test_cluster_workers import (
     _assigned_last,
     _partitions_of,
@@ -248,12 +251,71 @@ def test_requests_to_either_worker_take_effect_once_and_replies_find_their_calle
     logs = {w: cluster.log(w).read_text() for w in WORKERS}
     assert all("Traceback" not in text for text in logs.values()), logs
 
-    status, body = post(
-        f"{cluster.url('w0')}/messages/chttp/record/1",
-        f"x:{cluster.output}",
-        {"Idempotency-Key": "k1"},
+
+def keyed_post(url: str, body: str, key: str) -> tuple[int, str, bool]:
+    """(status, body, whether Idempotent-Replayed) of a text POST with an Idempotency-Key."""
+    request = urllib.request.Request(
+        url, data=body.encode(), headers={"Content-Type": "text/plain", "Idempotency-Key": key}
     )
-    assert status == 501 and "Idempotency-Key is not supported" in body
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, text, headers = response.status, response.read(), response.headers
+    except urllib.error.HTTPError as error:
+        status, text, headers = error.code, error.read(), error.headers
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        return 0, str(error), False
+    return status, text.decode().strip(), headers.get("Idempotent-Replayed") == "true"
+
+
+def _key_owned_by(cluster: HttpCluster, worker: str, prefix: str) -> str:
+    """An Idempotency-Key of the ingress whose key address ``worker`` owns."""
+    return next(
+        key
+        for key in (f"{prefix}-{n}" for n in range(1000))
+        if cluster.owner(KEY_TYPENAME, key_id("chttp/http", key)) == worker
+    )
+
+
+def test_idempotency_keys_answer_repeats_on_either_worker_and_after_the_owner_dies(
+    cluster: HttpCluster,
+) -> None:
+    """A repeat on the other worker gets the first answer and runs nothing again; another body
+    under the key is a 422; the key's owner SIGKILLed, a retry on the survivor is replayed from
+    the changelog."""
+    w0, w1 = (cluster.url(w) for w in WORKERS)
+    call_key = _key_owned_by(cluster, "w1", "call")  # the key's worker is not the request's
+    first = keyed_post(f"{w0}/call/chttp/call/i1", "x", call_key)
+    assert first == (200, "i1:1:x", False)
+    assert keyed_post(f"{w1}/call/chttp/call/i1", "x", call_key) == (200, "i1:1:x", True)
+    assert keyed_post(f"{w0}/call/chttp/call/i1", "x", call_key) == (200, "i1:1:x", True)
+    status, body, _ = keyed_post(f"{w1}/call/chttp/call/i1", "other", call_key)
+    assert status == 422 and "was used for another request" in body
+
+    message_key = _key_owned_by(cluster, "w0", "message")
+    for url, replayed in ((w1, False), (w0, True), (w1, True)):
+        sent = keyed_post(f"{url}/messages/chttp/record/m1", f"7:{cluster.output}", message_key)
+        assert sent == (202, "accepted", replayed)
+    assert keyed_post(f"{w1}/messages/chttp/record/m2", f"8:{cluster.output}", "fresh")[0] == 202
+    seen = read_outputs(cluster.bootstrap, cluster.output, 2, 60)
+    assert seen == Counter({"7": 1, "8": 1})  # the repeats sent nothing
+
+    killed = cluster.workers.pop("w1")  # the call key's owner
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    answers = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # 503/504 while the group notices and rebalances
+        answers.append(keyed_post(f"{w0}/call/chttp/call/i1", "x", call_key))
+        if answers[-1][0] == 200:
+            break
+        time.sleep(0.5)
+    assert answers[-1] == (200, "i1:1:x", True), answers
+    assert {a[0] for a in answers} <= {200, 503, 504}, answers
+    counts = state_counts(cluster.config)
+    assert counts[("chttp/call", "i1")] == 1  # the function ran once
+    print(f"\nretries on the survivor until the owner's successor answered: {len(answers)}")
+    log = cluster.log("w0").read_text()
+    assert "Traceback" not in log, log[-3000:]
 
 
 @dataclass

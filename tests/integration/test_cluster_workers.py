@@ -193,7 +193,9 @@ def model_counts(count: int) -> dict[tuple[str, str], int]:
 
 def state_counts(config: ClusterConfig) -> dict[tuple[str, str], int]:
     restored = restore_partitions(config, range(config.partitions))
-    return {key: _int(values["count"].value) for _, key, values in restored.state}
+    return {
+        key: _int(values["count"].value) for _, key, values in restored.state if "count" in values
+    }
 
 
 def _int(data: Any) -> int:

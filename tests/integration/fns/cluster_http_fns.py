@@ -4,6 +4,7 @@
   address's state ``count`` and writes ``<seq>`` to the Kafka topic, keyed by its id.
 * ``chttp/call``: a ``POST /call`` with a text body; it counts (state ``count``) and answers its
   caller ``<id>:<count>:<body>``.
+* ``chttp/flaky``: as ``chttp/call``, but raises on the body ``fail``.
 """
 
 from statefun import *
@@ -28,4 +29,18 @@ def call(context: Context, message: Message) -> None:
     context.storage.count = count
     assert context.caller is not None
     answer = f"{context.address.id}:{count}:{message.as_string()}"
+    context.send(message_builder(context.caller.typename, context.caller.id, str_value=answer))
+
+
+@functions.bind("chttp/flaky", specs=[ValueSpec("count", IntType)])
+def flaky(context: Context, message: Message) -> None:
+    """Raises on the body ``fail`` (a dead letter under remote_failure_policy=dead-letter);
+    else counts and answers its caller as ``chttp/call`` does."""
+    text = message.as_string()
+    if text == "fail":
+        raise RuntimeError("told to fail")
+    count = (context.storage.count or 0) + 1
+    context.storage.count = count
+    assert context.caller is not None
+    answer = f"{context.address.id}:{count}:{text}"
     context.send(message_builder(context.caller.typename, context.caller.id, str_value=answer))
