@@ -64,11 +64,6 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
             f"reply_release={settings.reply_release}: a clustered job releases an HTTP call's "
             "reply once the checkpoint that produced it committed (on-checkpoint) only"
         )
-    if settings.state_backend != "memory":
-        found.append(
-            f"state_backend={settings.state_backend}: a clustered job keeps its state in Kafka "
-            "with the memory backend only, so far"
-        )
     return found
 
 
