@@ -7,6 +7,8 @@ what is refused and why, in the words the error line uses.
 
 from __future__ import annotations
 
+import importlib.util
+
 from statefun._exceptions import ConfigurationError
 from statefun._settings import Settings
 from statefun.module._specs import (
@@ -63,6 +65,11 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
         found.append(
             f"reply_release={settings.reply_release}: a clustered job releases an HTTP call's "
             "reply once the checkpoint that produced it committed (on-checkpoint) only"
+        )
+    if settings.state_backend == "rocksdb" and importlib.util.find_spec("rocksdict") is None:
+        found.append(
+            "state_backend=rocksdb needs rocksdict, which is not installed: "
+            "pip install 'pystatefun[rocksdb]'"
         )
     return found
 

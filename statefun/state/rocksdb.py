@@ -61,7 +61,12 @@ earlier one fail). A snapshot released without being written leaves its buffer f
 next snapshot's ``write()`` applies it and puts its entries in that delta, so none is lost
 (``close()`` and ``restore()`` apply it too, and the next checkpoint materializes).
 
-The module stays whole (about 700 lines, a third of it this description): the backend class
+Used write-through (a clustered worker's copy of its changelog, ``cluster/_local_state.py``),
+the write buffer is what is not durable elsewhere yet: ``write_through`` writes the buffers
+frozen up to a snapshot into RocksDB with raw entries of the caller in one write batch, and
+``discard_unwritten`` drops them; no checkpoint is written then.
+
+The module stays whole (about 900 lines, a third of it this description): the backend class
 is one state machine over the write buffer, the frozen buffers and the chain, and the small
 file helpers above it (copying and linking SSTs, installing and replaying a checkpoint) serve
 only it; the delta files and chains are apart already (``_changelog.py``), and so is the

@@ -123,6 +123,10 @@ def _haunt(copy: TrackedRocksDBState, key_group: int, id_: str) -> None:
     copy.restore_put(key_group, ("cluster/hop", id_), {"count": TypedValue(IntType.typename, data)})
 
 
+def _seconds(lines: list[str]) -> str:
+    return " + ".join(re.findall(r"in (\d+\.\d+ s)", " ".join(lines)))
+
+
 def _caught_up(lines: list[str]) -> int:
     found = re.findall(r"caught up from their marks with (\d+) record", " ".join(lines))
     return sum(int(n) for n in found)
@@ -152,7 +156,10 @@ def test_rocksdb_workers_catch_up_from_their_marks_or_restore_fully(
     assert lines and not any("restored fully" in line for line in lines), lines
     caught_up = _caught_up(lines)
     full = read_changelog(cluster.config, mine)[1]
-    print(f"\nrestart with the folder kept: {caught_up} changelog records read, {full} whole")
+    print(
+        f"\nrestart with the folder kept: {caught_up} changelog record(s) read of {full} "
+        f"({_seconds(lines)})"
+    )
     assert 0 < caught_up < full
 
     # marks past the partition's end (a topic made again) and too old: wiped, read whole
@@ -205,5 +212,7 @@ def test_rocksdb_workers_catch_up_from_their_marks_or_restore_fully(
     cluster.start("w1")
     owned = cluster.settled()
     cluster.check(3300, owned)
-    text = " ".join(cluster.copy_lines("w1"))
+    lines = cluster.copy_lines("w1")
+    text = " ".join(lines)
     assert "restored fully" in text and "no local copy" in text and "caught up" not in text
+    print(f"restart with the folder deleted: every record read ({_seconds(lines)})")
