@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -50,6 +50,8 @@ from statefun.state.memory import MemoryStateBackend
 __all__ = [
     "Restored",
     "TrackedMemoryState",
+    "TrackedState",
+    "changelog_reader",
     "changelog_rows",
     "decode_records",
     "read_changelog",
@@ -95,9 +97,15 @@ class TrackedMemoryState(MemoryStateBackend):
             self._changed = {c for c in self._changed if c[0] != key_group}
 
 
+class TrackedState(Protocol):
+    """What ``changelog_rows`` reads of a state that remembers the addresses it wrote."""
+
+    def get(self, key_group: int, key: AddressKey) -> StateValues | None: ...
+
+
 def changelog_rows(
     config: ClusterConfig,
-    state: TrackedMemoryState,
+    state: TrackedState,
     changed: Iterable[tuple[int, AddressKey]],
     messages: Iterable[Envelope],
     timers: Iterable[DelayedEntry],
@@ -180,16 +188,7 @@ def read_changelog(
     latest: dict[bytes, bytes | None] = {}
     if not wanted:
         return latest, 0
-    reader = kafka.KafkaConsumer(
-        bootstrap_servers=config.bootstrap_servers,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        client_id=f"pystatefun-{config.worker_id}-{client}",
-    )
-    from statefun.ingress._kafka_fetch import install
-
-    install(reader)  # the ingress's lean reader of fetched batches, when it fits
+    reader = changelog_reader(config, client)
     records = 0
     try:
         reader.assign(wanted)
@@ -209,6 +208,23 @@ def read_changelog(
     finally:
         reader.close(autocommit=False)
     return latest, records
+
+
+def changelog_reader(config: ClusterConfig, client: str) -> Any:
+    """A consumer without a group for reading the changelog (``read_committed``; the caller
+    assigns it partitions and closes it)."""
+    kafka = import_kafka()
+    reader = kafka.KafkaConsumer(
+        bootstrap_servers=config.bootstrap_servers,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id=f"pystatefun-{config.worker_id}-{client}",
+    )
+    from statefun.ingress._kafka_fetch import install
+
+    install(reader)  # the ingress's lean reader of fetched batches, when it fits
+    return reader
 
 
 def decode_records(latest: Mapping[bytes, bytes | None]) -> Restored:

@@ -7,6 +7,8 @@ what is refused and why, in the words the error line uses.
 
 from __future__ import annotations
 
+import importlib.util
+
 from statefun._exceptions import ConfigurationError
 from statefun._settings import Settings
 from statefun.module._specs import (
@@ -64,10 +66,10 @@ def unsupported(module: ModuleSpec, settings: Settings, bootstrap: str = "") -> 
             f"reply_release={settings.reply_release}: a clustered job releases an HTTP call's "
             "reply once the checkpoint that produced it committed (on-checkpoint) only"
         )
-    if settings.state_backend != "memory":
+    if settings.state_backend == "rocksdb" and importlib.util.find_spec("rocksdict") is None:
         found.append(
-            f"state_backend={settings.state_backend}: a clustered job keeps its state in Kafka "
-            "with the memory backend only, so far"
+            "state_backend=rocksdb needs rocksdict, which is not installed: "
+            "pip install 'pystatefun[rocksdb]'"
         )
     return found
 

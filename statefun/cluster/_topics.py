@@ -19,7 +19,7 @@ from statefun._exceptions import ConfigurationError, UnavailableError
 from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
 
-__all__ = ["ensure_topics", "topic_configs"]
+__all__ = ["delete_retention_ms", "ensure_topics", "topic_configs"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,30 @@ def _check_compacted(admin: Any, kafka: Any, topic: str) -> None:
             f"cluster: topic {topic} has cleanup.policy={policy}; a changelog must be "
             "compacted (cleanup.policy=compact), or old state is deleted"
         )
+
+
+def delete_retention_ms(config: ClusterConfig, timeout_ms: int = 30_000) -> int | None:
+    """How long compaction keeps the changelog's tombstones (its ``delete.retention.ms``, the
+    broker's default when the topic does not set it); None when Kafka does not say (blocking:
+    a worker thread)."""
+    kafka = import_kafka()
+    topic = config.changelog_topic
+    try:
+        admin = kafka.KafkaAdminClient(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=f"pystatefun-{config.worker_id}",
+            request_timeout_ms=timeout_ms,
+        )
+        try:
+            resource = kafka.admin.ConfigResource("TOPIC", topic, ["delete.retention.ms"])
+            found = admin.describe_configs([resource], config_filter="all")
+        finally:
+            admin.close()
+        value = _config_value(found, topic, "delete.retention.ms")
+        return None if value is None else int(value)
+    except (kafka.errors.KafkaError, ValueError) as exc:
+        log.warning("cluster: delete.retention.ms of %s unknown: %s", topic, exc)
+        return None
 
 
 def _config_value(found: Any, topic: str, key: str) -> str | None:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import JobFailedError
 from statefun._kafka import import_kafka
@@ -46,7 +47,7 @@ from statefun.cluster._exchange import WorkerTransactions, exchange_row
 from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
 from statefun.cluster._ingress import ClusteredKafkaSource
 from statefun.cluster._membership import ExchangeSource, Membership, Partitions
-from statefun.cluster._topics import ensure_topics
+from statefun.cluster._topics import delete_retention_ms, ensure_topics
 from statefun.egress.base import Sink
 from statefun.egress.kafka import KafkaSink
 from statefun.egress.stdout import StdoutSink
@@ -59,6 +60,9 @@ from statefun.module._specs import (
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import RemoteFunction
 from statefun.runtime._job import Job
+
+if TYPE_CHECKING:
+    from statefun.cluster._local_state import LocalCopy, TrackedRocksDBState
 
 __all__ = ["ClusterWorker"]
 
@@ -163,7 +167,9 @@ class Epoch:
         self.ingresses: list[ClusteredKafkaSource] = []
         self._by_topic: dict[str, ClusteredKafkaSource] = {}
         self.transactions = WorkerTransactions(config)
-        self.state = TrackedMemoryState()
+        self.state: TrackedMemoryState | TrackedRocksDBState = TrackedMemoryState()
+        #: with state_backend=rocksdb: the worker's local copy of its state (_local_state.py)
+        self.local: LocalCopy | None = None
         self._lock = asyncio.Lock()
         self._checkpoint_id = 0
         self._last_offsets: dict[tuple[str, int], int] = {}
@@ -177,6 +183,11 @@ class Epoch:
         self.committed = 0
 
     async def start(self) -> None:
+        if self.settings.state_backend == "rocksdb":
+            from statefun.cluster._local_state import open_local_copy
+
+            opened = await asyncio.to_thread(open_local_copy, self.settings.state_dir, self.config)
+            self.state, self.local = opened
         await self.transactions.start()
         sinks: list[Sink] = []
         for egress in self.module.egresses:
@@ -210,7 +221,11 @@ class Epoch:
         job.router.reroute(others, Outbound(job, self.config, self.transactions))
         kept = await self._kept()
         rest = [p for p in self.partitions if p not in kept]
-        restored = await asyncio.to_thread(restore_partitions, self.config, rest)
+        if self.local is not None:  # into RocksDB: caught up from its marks, or read whole
+            retention = functools.partial(delete_retention_ms, self.config)
+            restored = await asyncio.to_thread(self.local.restore, self.partitions, kept, retention)
+        else:
+            restored = await asyncio.to_thread(restore_partitions, self.config, rest)
         addresses, messages, timers = self._take_carried(kept)
         for key_group, key, values in restored.state:
             self.state.restore_put(key_group, key, values)
@@ -337,6 +352,7 @@ class Epoch:
                 forwarder.forward()
             http = None if self.http_link is None else self.http_link.cut(self.config)
             changed = self.state.take_changed()
+            local_cut = self.local.cut() if self.local is not None else None
             messages = job.messages_in_flight()
             timers = list(job.timers.pending())
             positions = self._positions()
@@ -362,6 +378,8 @@ class Epoch:
             ):
                 if http is not None:
                     http.committed()  # nothing to commit: its effects are done
+                if self.local is not None and local_cut is not None:
+                    await self.local.committed(local_cut, [], proven=False)
                 await self._carry_ends(cut)
                 return False
             rows = changelog_rows(
@@ -375,16 +393,20 @@ class Epoch:
             }
             self._checkpoint_id += 1
             checkpoint_id = self._checkpoint_id
+            proven = False
             try:
                 if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
                     await self.transactions.commit(checkpoint_id)
                     self.committed += 1
+                    proven = True
             except BaseException as exc:
                 if http is not None:
                     http.aborted(exc)
                 raise
             if http is not None:
                 http.committed()
+            if self.local is not None and local_cut is not None:  # the commit, into RocksDB
+                await self.local.committed(local_cut, rows, proven)
             self._last_offsets = positions
             self._last_cut_empty = empty_cut
             await self._carry_ends(cut)
@@ -417,6 +439,8 @@ class Epoch:
                 if isinstance(result, JobFailedError):
                     log.warning("cluster: %s", result)
             await self.transactions.close()  # aborts what was written after the cut
+            if self.local is not None:
+                await asyncio.to_thread(self.local.close)
         return self.carry
 
     def failure(self) -> BaseException | None:

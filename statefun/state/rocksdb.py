@@ -61,7 +61,12 @@ earlier one fail). A snapshot released without being written leaves its buffer f
 next snapshot's ``write()`` applies it and puts its entries in that delta, so none is lost
 (``close()`` and ``restore()`` apply it too, and the next checkpoint materializes).
 
-The module stays whole (about 700 lines, a third of it this description): the backend class
+Used write-through (a clustered worker's copy of its changelog, ``cluster/_local_state.py``),
+the write buffer is what is not durable elsewhere yet: ``write_through`` writes the buffers
+frozen up to a snapshot into RocksDB with raw entries of the caller in one write batch, and
+``discard_unwritten`` drops them; no checkpoint is written then.
+
+The module stays whole (about 900 lines, a third of it this description): the backend class
 is one state machine over the write buffer, the frozen buffers and the chain, and the small
 file helpers above it (copying and linking SSTs, installing and replaying a checkpoint) serve
 only it; the delta files and chains are apart already (``_changelog.py``), and so is the
@@ -150,11 +155,12 @@ def _options() -> Options:
     return options
 
 
-def _write_options() -> WriteOptions:
+def _write_options(wal: bool = False) -> WriteOptions:
     options = WriteOptions()
-    # The database is a working copy restored from checkpoints: no write-ahead log. (The type
-    # stub declares disable_wal a method; rocksdict has it as a property.)
-    setattr(options, "disable_wal", True)  # noqa: B010
+    # The database is a working copy restored from checkpoints: no write-ahead log (unless
+    # asked: a copy reused after a restart). (The type stub declares disable_wal a method;
+    # rocksdict has it as a property.)
+    setattr(options, "disable_wal", not wal)  # noqa: B010
     return options
 
 
@@ -328,6 +334,13 @@ class RocksDBStateBackend(StateBackend):
     A checkpoint materializes (a full RocksDB checkpoint) instead of writing a delta once the
     chain holds ``max_deltas`` deltas or ``max_delta_bytes`` of them (0: always), or when more
     than ``max_delta_keys`` keys moved from the write buffer into RocksDB since the last cut.
+    ``wal``: write through RocksDB's write-ahead log (not fsynced), so that what was written
+    survives the process (a working copy that is reused after a restart).
+
+    A user that keeps its durable copy elsewhere (a clustered worker: Kafka) uses the write
+    buffer as the state not yet durable there: ``flush_every`` large enough that it is never
+    moved on its own, ``snapshot()`` at the cut, ``write_through`` once the cut is durable,
+    ``write_batch`` for raw entries, ``discard_unwritten`` for what never became durable.
     """
 
     def __init__(
@@ -339,6 +352,7 @@ class RocksDBStateBackend(StateBackend):
         max_deltas: int = 10_000,
         max_delta_bytes: int = 64 << 20,
         max_delta_keys: int = 100_000,
+        wal: bool = False,
     ) -> None:
         self.path = Path(path)
         self._db_path = self.path / "db"
@@ -347,7 +361,7 @@ class RocksDBStateBackend(StateBackend):
             shutil.rmtree(self._db_path, ignore_errors=True)
         shutil.rmtree(self._staging, ignore_errors=True)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._write_options = _write_options()
+        self._write_options = _write_options(wal)
         self._db = Rdict(str(self._db_path), _options())
         self._flush_every = flush_every
         self._max_deltas = max_deltas
@@ -705,6 +719,78 @@ class RocksDBStateBackend(StateBackend):
 
         _write_raw(self._db, encoded(), self._write_options)
         return f"loaded {count} address(es)"
+
+    # -- a write-through working copy (the durable copy elsewhere) ---------------------------
+
+    def write_through(
+        self,
+        snapshot: RocksDBStateSnapshot,
+        extra: Iterable[tuple[bytes, bytes | None]] = (),
+    ) -> int:
+        """Apply the write buffers frozen up to ``snapshot`` (oldest first) and the raw
+        entries ``extra`` (None: delete) in ONE write batch: RocksDB applies it whole or not
+        at all, also across a crash. The snapshot is then written (it is never uploaded). How
+        many entries were written."""
+        with self._write_lock:
+            frozen = snapshot._frozen
+            index = next((i for i, f in enumerate(self._frozen) if f is frozen), None)
+            if index is None:
+                raise RuntimeError(
+                    "this state snapshot was already written, or a later one was written first"
+                )
+            mine = self._frozen[: index + 1]
+            changes: dict[bytes, bytes | None] = {}
+            for one in mine:
+                changes.update(_encoded(one.buffer))
+            changes.update(extra)
+            self._write_one_batch(changes.items(), ())
+            self._unfreeze(len(mine))
+            self._chain, self._unchained = None, "written-through"
+            return len(changes)
+
+    def write_batch(
+        self,
+        pairs: Iterable[tuple[bytes, bytes | None]],
+        delete_ranges: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Write raw ``pairs`` (None: delete) after deleting the key ranges ``delete_ranges``
+        ([start, end)), in ONE write batch (atomic, also across a crash); the write buffers
+        are not touched."""
+        with self._write_lock:
+            self._write_one_batch(pairs, delete_ranges)
+
+    def _write_one_batch(
+        self,
+        pairs: Iterable[tuple[bytes, bytes | None]],
+        delete_ranges: Iterable[tuple[bytes, bytes]],
+    ) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for start, end in delete_ranges:
+            batch.delete_range(start, end)
+        for raw, value in pairs:
+            if value is None:
+                batch.delete(raw)
+            else:
+                batch.put(raw, value)
+        self._db.write(batch, self._write_options)
+
+    def get_raw(self, raw: bytes) -> bytes | None:
+        """The stored bytes of the raw key ``raw`` (the database only, not the buffers)."""
+        found = self._db.get(raw)
+        return None if found is None else cast(bytes, found)
+
+    def discard_unwritten(self) -> int:
+        """Forget every write not in the database yet (the live and the frozen buffers): what
+        never became durable elsewhere. How many addresses' writes were dropped."""
+        with self._write_lock:
+            with self._frozen_lock:
+                frozen, self._frozen = self._frozen, ()
+            dropped = sum(len(g) for f in frozen for g in f.buffer.values())
+            dropped += sum(len(g) for g in self._pending.values())
+            self._pending = {}
+            self._puts = 0
+            self._moved = set()
+            return dropped
 
     def clear(self) -> None:
         """An empty database in place of this one (the buffers are dropped, unwritten)."""

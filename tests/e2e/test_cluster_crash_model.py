@@ -9,7 +9,9 @@ random), a fourth joins, one leaves (SIGTERM, exit 0), and one is SIGSTOPped pas
 timeout and resumed (its commits are refused: it exits 1 and is restarted). Every expected
 record must be read ``read_committed`` exactly once, none other, each key's counts in order.
 The time from a SIGKILL to the first output of the killed worker's key groups on another worker
-is printed (the rebalance time). ``PYSTATEFUN_CRASH_SEED=<seed>`` replays a plan.
+is printed (the rebalance time). A third run keeps state in RocksDB (embedded functions): there a
+killed worker keeps its folder, so it catches up from its local copy's marks after each restart.
+``PYSTATEFUN_CRASH_SEED=<seed>`` replays a plan.
 """
 
 from __future__ import annotations
@@ -47,18 +49,23 @@ SESSION_MS = 6000
 PARTITIONS = 8
 
 
-@pytest.fixture(params=["embedded", "remote"])
-def function_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+@pytest.fixture(params=["embedded", "remote", "embedded-rocksdb"])
+def variant(request: pytest.FixtureRequest) -> Iterator[tuple[str | None, str]]:
+    """(the functions' URL, None: embedded; the state backend)."""
+    backend = "rocksdb" if request.param.endswith("-rocksdb") else "memory"
+    if backend == "rocksdb":
+        pytest.importorskip("rocksdict")
     if request.param != "remote":
-        yield None
+        yield None, backend
         return
     with serve_functions(FUNCTIONS, ROOT) as url:
-        yield url
+        yield url, backend
 
 
 class Workers:
-    def __init__(self, tmp: Path, bootstrap: str, job_id: str) -> None:
+    def __init__(self, tmp: Path, bootstrap: str, job_id: str, backend: str = "memory") -> None:
         self.tmp, self.bootstrap, self.job_id = tmp, bootstrap, job_id
+        self.backend = backend
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
@@ -79,6 +86,7 @@ class Workers:
             "cluster.heartbeat_interval_ms": "1000",
             "checkpoint_interval_ms": "200",
             "dead_letter_path": str(folder / "dead.jsonl"),
+            "state_backend": self.backend,
         }.items():
             args += ["--set", f"{name}={value}"]
         with self.log(worker).open("wb") as err:
@@ -90,7 +98,8 @@ class Workers:
         process = self.running.pop(worker)
         process.send_signal(signal.SIGKILL)
         process.wait(10)
-        shutil.rmtree(self.tmp / worker)  # state must come back from Kafka
+        if self.backend == "memory":
+            shutil.rmtree(self.tmp / worker)  # state must come back from Kafka
 
     def owned(self, worker: str) -> set[int]:
         lines = [
@@ -118,8 +127,9 @@ def _partition_of_output(key: str, max_p: int) -> int:
 
 
 def test_workers_killed_added_removed_and_paused_exactly_once(
-    tmp_path: Path, bootstrap: str, function_url: str | None
+    tmp_path: Path, bootstrap: str, variant: tuple[str | None, str]
 ) -> None:
+    function_url, backend = variant
     seed = int(os.environ.get("PYSTATEFUN_CRASH_SEED") or random.randrange(1 << 30))
     rng = random.Random(seed)
     tag = f"cluster-crash-{uuid.uuid4().hex[:8]}"
@@ -132,9 +142,9 @@ def test_workers_killed_added_removed_and_paused_exactly_once(
     sent = make_input(rng, 1500)
     want = model(sent)
     total = sum(want.values())
-    workers = Workers(tmp_path, bootstrap, tag)
+    workers = Workers(tmp_path, bootstrap, tag, backend)
     reader = Reader(bootstrap, out)
-    context = f"seed {seed} ({'remote' if function_url else 'embedded'})"
+    context = f"seed {seed} ({'remote' if function_url else 'embedded'}, {backend})"
     gaps: list[float] = []
     try:
         for worker in ("w0", "w1", "w2"):
@@ -207,3 +217,6 @@ def test_workers_killed_added_removed_and_paused_exactly_once(
     for key in {k for _, k in sent}:
         counts = [v for k, v in reader.records if k == key]
         assert counts == [f"count {key}={n}" for n in range(1, len(counts) + 1)], context
+    if backend == "rocksdb":  # a restarted worker read its partitions from its marks
+        logs = " ".join(log.read_text(errors="replace") for log in tmp_path.glob("w*-*.log"))
+        assert "caught up from their marks" in logs, context

@@ -198,12 +198,32 @@ def test_what_cannot_run_clustered_is_refused_in_one_line(tmp_path: Path) -> Non
     assert [r.split(":")[0] for r in reasons] == [
         "egress example/file (" + str(path) + ", document 5 (io.pystatefun.file.v1/egress))",
         "reply_release=immediate",
-        "state_backend=rocksdb",
-    ]
-    refused = r"^cluster: egress example/file .* \(and 2 more\)$"
+    ]  # (the RocksDB backend runs clustered: a local copy of the changelog)
+    refused = r"^cluster: egress example/file .* \(and 1 more\)$"
     with pytest.raises(ConfigurationError, match=refused):
         settings = _settings(state_backend="rocksdb", reply_release="immediate")
         check_clusterable(module, settings, from_savepoint=True)
+
+
+def test_rocksdb_runs_clustered_where_rocksdict_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    path = tmp_path / "module.yaml"
+    path.write_text(MODULE.split("---\nkind: io.pystatefun.http.v1/ingress")[0])
+    module = load_module(path)
+    settings = _settings(state_backend="rocksdb")
+    installed = importlib.util.find_spec("rocksdict") is not None
+    assert (unsupported(module, settings, "127.0.0.1:9092") == []) is installed
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "rocksdict" else find_spec(name)
+    )
+    assert unsupported(module, settings, "127.0.0.1:9092") == [
+        "state_backend=rocksdb needs rocksdict, which is not installed: "
+        "pip install 'pystatefun[rocksdb]'"
+    ]
 
 
 def test_reply_release_immediate_is_refused_only_with_an_http_ingress(tmp_path: Path) -> None:
