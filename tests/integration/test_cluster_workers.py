@@ -142,7 +142,7 @@ class Cluster:
 
 def _assigned_last(text: str) -> bool:
     lines = [line for line in text.splitlines() if "partitions assigned:" in line]
-    return bool(lines) and not lines[-1].endswith("assigned: none")
+    return bool(lines) and "partitions assigned: none;" not in lines[-1]
 
 
 @pytest.fixture
