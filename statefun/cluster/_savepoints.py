@@ -25,7 +25,10 @@ transaction has one transactional id per job, ``pystatefun.<job>.seed``. Each se
 initialises its producer, which fences any other seeder's producer and aborts its open
 transaction, and only then checks the changelog (``read_committed``): so of two seeders that
 both found it empty, the later fences the earlier, whose commit fails; the fenced one checks
-again and finds the other's seed. Exactly one seed commits.
+again and finds the other's seed. Exactly one seed commits, and its seeder alone reports
+having seeded: each seed record names its seeder, the seeder waits for the acknowledgement of
+every record it sent before it commits (a producer fenced before its partitions joined the
+transaction may be told its commit succeeded), and reads the seed record back after the commit.
 
 **The savepoint's egress transactions.** A single-process savepoint holds the Kafka egress's
 transaction of its cut; if the job that took it stopped before committing it, the seeder
@@ -43,6 +46,7 @@ import json
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,9 +166,12 @@ def read_savepoint(
     return contents
 
 
-def seed_rows(config: ClusterConfig, contents: SavepointContents) -> list[Row]:
+def seed_rows(
+    config: ClusterConfig, contents: SavepointContents, seeder: str | None = None
+) -> list[Row]:
     """The changelog records that hold ``contents``: the seed record first (on partition 0),
-    then each address's state and each partition's cut."""
+    then each address's state and each partition's cut. ``seeder``: a name of this seeding,
+    in the seed record, by which it finds its own commit."""
     state = TrackedMemoryState()
     for key_group, key, values in contents.state:
         state.put(key_group, key, values)
@@ -172,7 +179,10 @@ def seed_rows(config: ClusterConfig, contents: SavepointContents) -> list[Row]:
         DelayedEntry(deadline, seq, envelope, sender, token)
         for seq, (deadline, sender, token, envelope) in enumerate(contents.timers)
     ]
-    seed = json.dumps(contents.identity, sort_keys=True).encode("utf-8")
+    identity = dict(contents.identity)
+    if seeder is not None:
+        identity["seeder"] = seeder
+    seed = json.dumps(identity, sort_keys=True).encode("utf-8")
     rows: list[Row] = [(config.changelog_topic, SEED_KEY, seed, None)]
     rows += changelog_rows(
         config,
@@ -268,7 +278,13 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
                 raise
             except Exception as exc:  # (another seeder's recovery fenced this one's, or Kafka)
                 raise _Retry(f"the savepoint's egress transactions: {exc}") from exc
-            _commit_seed(config, module, contents, producer)
+            seeder = uuid.uuid4().hex
+            _commit_seed(config, module, contents, producer, seeder)
+            seeded = _read_back(config)
+            if seeded.get("seeder") != seeder:
+                # (a commit that kafka-python reported but another seeder's fenced: the seed
+                # record read back is the proof of which one got through)
+                return _already(config, contents, seeded)
             log.info(
                 "cluster: job %s seeded from %s: %d address(es) with state, %d message(s) in "
                 "flight, %d delayed",
@@ -296,6 +312,19 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
         f"cluster: job {config.job_id} was not seeded from {contents.path} after {_ATTEMPTS} "
         "attempts (other seeders kept fencing it)"
     )
+
+
+def _read_back(config: ClusterConfig) -> dict[str, Any]:
+    """The seed record after a commit: the transaction's markers reach the partitions just
+    after the commit returns, so an empty changelog is read again for a while."""
+    deadline = time.monotonic() + _CHECK_TIMEOUT_S
+    while True:
+        seeded = seeded_from(config)
+        if seeded is not None:
+            return seeded
+        if time.monotonic() > deadline:
+            raise _Retry("the committed seed did not appear in the changelog")
+        time.sleep(0.1)
 
 
 class _Retry(Exception):
@@ -381,7 +410,11 @@ def _recover_egresses(module: ModuleSpec, contents: SavepointContents) -> None:
 
 
 def _commit_seed(
-    config: ClusterConfig, module: ModuleSpec, contents: SavepointContents, producer: Any
+    config: ClusterConfig,
+    module: ModuleSpec,
+    contents: SavepointContents,
+    producer: Any,
+    seeder: str | None = None,
 ) -> None:
     kafka = import_kafka()
     topics = sorted(
@@ -406,11 +439,20 @@ def _commit_seed(
         for (t, p), o in wanted.items()
     }
     producer.begin_transaction()
-    for topic, key, value, _ in seed_rows(config, contents):
+    sent = []
+    for topic, key, value, _ in seed_rows(config, contents, seeder):
         assert key is not None
-        producer.send(
-            topic, key=key.encode("utf-8"), value=value, partition=partition_in_key(key.encode())
+        sent.append(
+            producer.send(
+                topic,
+                key=key.encode("utf-8"),
+                value=value,
+                partition=partition_in_key(key.encode()),
+            )
         )
+    producer.flush(timeout=_CHECK_TIMEOUT_S)
+    for future in sent:  # (a fenced producer's batches fail here; its commit may not say so)
+        future.get(timeout=_CHECK_TIMEOUT_S)
     if offsets:
         producer.send_offsets_to_transaction(offsets, config.group_id)
     producer.commit_transaction()

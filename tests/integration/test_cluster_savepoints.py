@@ -285,3 +285,41 @@ def test_seeders_at_once_seed_once(tmp_path: Path, bootstrap: str) -> None:
     other = SavepointContents(Path("other"), identity={"id": 8, "path": "other"})
     with pytest.raises(ConfigurationError, match=r"has state already \(from the savepoint sp\)"):
         seed_changelog(config, ModuleSpec(), other)
+
+
+def test_a_fenced_seeders_commit_fails_and_leaves_no_seed(bootstrap: str) -> None:
+    """A seeder fenced by another before its commit: the commit fails, and no seed is left."""
+    import kafka
+
+    from statefun.cluster._config import PREFIX
+    from statefun.cluster._savepoints import _commit_seed, seeded_from
+
+    settings = Settings.load(
+        {
+            "cluster.bootstrap_servers": bootstrap,
+            "cluster.job_id": f"fenced-{uuid.uuid4().hex[:8]}",
+            "cluster.partitions": "2",
+            "max_parallelism": "4",
+        },
+        environ={},
+    )
+    config = cluster_config(settings)
+    assert config is not None
+    ensure_topics(config)
+    contents = SavepointContents(Path("sp"), identity={"id": 1, "path": "sp"})
+
+    def seeder() -> Any:
+        return kafka.KafkaProducer(
+            bootstrap_servers=bootstrap, transactional_id=f"{PREFIX}.{config.job_id}.seed"
+        )
+
+    fenced, successor = seeder(), seeder()
+    try:
+        fenced.init_transactions()
+        successor.init_transactions()
+        with pytest.raises(kafka.errors.KafkaError):
+            _commit_seed(config, ModuleSpec(), contents, fenced)
+    finally:
+        fenced.close(timeout=5)
+        successor.close(timeout=5)
+    assert seeded_from(config) is None
