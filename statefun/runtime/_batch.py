@@ -220,7 +220,8 @@ class InboxSlices:
                     values = _live_values(stored, now)
                 else:
                     now = 0
-                    values = dict(stored) if stored else {}
+                    # (a dict's own copy costs less than dict() of it)
+                    values = stored.copy() if type(stored) is dict else dict(stored or ())
                 # the storage and the context as their __init__ makes them, without its call
                 # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``)
                 storage = _new_object(plan.storage_class)
