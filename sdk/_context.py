@@ -12,7 +12,7 @@ from statefun.sdk._spec import SdkAddress, address_of
 from statefun.sdk._storage import AddressStorage
 from statefun.sdk._types import validate_typename
 
-__all__ = ["Context", "DelayedMessage", "InvocationContext"]
+__all__ = ["NOTHING_SENT", "Context", "DelayedMessage", "InvocationContext"]
 
 _ONE_MS = timedelta(milliseconds=1)
 
@@ -115,6 +115,8 @@ class _NothingSent(list):  # type: ignore[type-arg]
 
 
 _NOTHING_SENT: Any = _NothingSent()
+#: (what a new context's outputs are, for code that makes one without ``__init__``)
+NOTHING_SENT: Any = _NOTHING_SENT
 
 
 class InvocationContext(Context):
@@ -141,6 +143,7 @@ class InvocationContext(Context):
         storage: AddressStorage,
         caller: SdkAddress | None = None,
     ) -> None:
+        # (the runtime's slice loop, statefun/runtime/_batch.py, sets these fields itself)
         #: an SdkAddress, or the runtime's (typename, id) of it: made one when asked for (an
         #: embedded function that never reads its address costs no lookup)
         self._address: Any = address

@@ -61,6 +61,7 @@ class AddressStorage:
 
     def __init__(self, typename: str, values: dict[str, Any]) -> None:
         # values: state name -> typed value (anything with typename/has_value/value) or None
+        # (the runtime's slice loop, statefun/runtime/_batch.py, sets these four itself)
         self._typename = typename
         self._values = values
         self._cache: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, EmbeddedFunction
-from statefun.sdk._context import DelayedMessage, InvocationContext
+from statefun.sdk._context import NOTHING_SENT, DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
 from statefun.state._expiring import ExpiringValue
@@ -220,9 +220,20 @@ class InboxSlices:
                     values = _live_values(stored, now)
                 else:
                     now = 0
-                    values = dict(stored) if stored else {}
-                storage = plan.storage_class(typename, values)
-                context = InvocationContext(key, storage, envelope.caller)
+                    # (a dict's own copy costs less than dict() of it)
+                    values = stored.copy() if type(stored) is dict else dict(stored or ())
+                # the storage and the context as their __init__ makes them, without its call
+                # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``)
+                storage = _new_object(plan.storage_class)
+                storage._typename = typename
+                storage._values = values
+                storage._cache = {}
+                storage._dirty = []
+                context = _new_object(InvocationContext)
+                context._address = key
+                context._storage = storage
+                context._caller = envelope.caller
+                context.messages = context.delayed = context.egress = NOTHING_SENT
                 value = envelope.value
                 id_ = key[1]
                 if id_ and value is not None:  # what Message() checks (the typename: a plan's)

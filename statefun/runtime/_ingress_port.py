@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["IngressJob", "IngressPort"]
 
+_new_object = object.__new__
+
 
 class IngressJob(Protocol):
     """What a source's context takes from the job besides routing."""
@@ -49,7 +51,14 @@ class IngressPort(IngressStats):
         if not self._room.open:
             await self.room()
         self.records += 1
-        self._send(Envelope(typename, id_, value, caller))
+        # Envelope(typename, id_, value, caller) without the call of its __init__
+        envelope = _new_object(Envelope)
+        envelope.typename = typename
+        envelope.id = id_
+        envelope.value = value
+        envelope.caller = caller
+        envelope.wire = None
+        self._send(envelope)
 
     async def room(self) -> None:
         room = self._room

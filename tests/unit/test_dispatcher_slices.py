@@ -36,6 +36,7 @@ from statefun import (
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timeline import Timeline
+from statefun.sdk._context import InvocationContext
 from statefun.sdk._types import to_typed_value
 from statefun.testing import JobHarness
 
@@ -360,3 +361,37 @@ def test_an_address_the_timeline_records_is_recorded_while_the_others_run_in_sli
         assert [e["messages_in"][0]["preview"] for e in recorded] == ["a", "b", "side"]
         assert timeline.entries(("t/count", "x")) == []
     assert len(writes) > 1  # y's records went out on their own, between the slices' writes
+
+
+kept: list[Context] = []
+
+
+@functions.bind(typename="t/keep", specs=[ValueSpec(name="n", type=IntType)])
+def keep(context: Context, message: Message) -> None:
+    kept.append(context)
+
+
+def _fields(obj: object) -> dict[str, Any]:
+    """Every slot of ``obj`` that is set, by name: its value (a fresh container: its type)."""
+    names = [name for cls in type(obj).__mro__ for name in getattr(cls, "__slots__", ())]
+    fields: dict[str, Any] = {}
+    for name in names:
+        if hasattr(obj, name):
+            value = getattr(obj, name)
+            fields[name] = (type(value), value) if type(value) in (dict, list) else value
+    return fields
+
+
+def test_the_slice_loop_makes_the_context_and_storage_their_init_makes(module: Path) -> None:
+    """The slice loop builds both without calling ``__init__``: every field alike."""
+    kept.clear()
+    with JobHarness(module) as job:
+        job.send("t/keep", "k", "a")
+        job.run_until_idle()
+    (context,) = kept
+    assert isinstance(context, InvocationContext)
+    storage = context.storage
+    made = InvocationContext(context._address, storage, context.caller)
+    assert _fields(context) == _fields(made)
+    assert _fields(storage) == _fields(type(storage)("t/keep", dict(storage._values)))
+    assert context.egress is made.egress and context.messages is made.messages
