@@ -217,19 +217,25 @@ def test_savepoint_round_trip_through_a_clustered_job(tmp_path: Path, bootstrap:
         _stop(single, log)
 
 
-def test_seeders_at_once_seed_once(tmp_path: Path, bootstrap: str) -> None:
+def _new_job(bootstrap: str, name: str, partitions: int) -> tuple[Settings, ClusterConfig]:
+    """A clustered job's settings and config, its topics made."""
     settings = Settings.load(
         {
             "cluster.bootstrap_servers": bootstrap,
-            "cluster.job_id": f"seed-{uuid.uuid4().hex[:8]}",
-            "cluster.partitions": "4",
-            "max_parallelism": "8",
+            "cluster.job_id": f"{name}-{uuid.uuid4().hex[:8]}",
+            "cluster.partitions": str(partitions),
+            "max_parallelism": str(2 * partitions),
         },
         environ={},
     )
     config = cluster_config(settings)
     assert config is not None
     ensure_topics(config)
+    return settings, config
+
+
+def test_seeders_at_once_seed_once(tmp_path: Path, bootstrap: str) -> None:
+    settings, config = _new_job(bootstrap, "seed", 4)
     value = {"n": TypedValue("io.statefun.types/int", bytes([8, 5]))}
     contents = SavepointContents(
         Path("sp"),
@@ -294,18 +300,7 @@ def test_a_fenced_seeders_commit_fails_and_leaves_no_seed(bootstrap: str) -> Non
     from statefun.cluster._config import PREFIX
     from statefun.cluster._savepoints import _commit_seed, seeded_from
 
-    settings = Settings.load(
-        {
-            "cluster.bootstrap_servers": bootstrap,
-            "cluster.job_id": f"fenced-{uuid.uuid4().hex[:8]}",
-            "cluster.partitions": "2",
-            "max_parallelism": "4",
-        },
-        environ={},
-    )
-    config = cluster_config(settings)
-    assert config is not None
-    ensure_topics(config)
+    _, config = _new_job(bootstrap, "fenced", 2)
     contents = SavepointContents(Path("sp"), identity={"id": 1, "path": "sp"})
 
     def seeder() -> Any:
