@@ -268,6 +268,11 @@ class HttpSource(Source):
             self._waiting -= 1
 
     @property
+    def accepting(self) -> bool:
+        """Requests are taken (the job runs); before that they get a 503 with Retry-After."""
+        return self._context is not None
+
+    @property
     def url(self) -> str:
         scheme = "https" if self.server_options.tls is not None else "http"
         return f"{scheme}://{self.host}:{self.port}"

@@ -145,11 +145,11 @@ def http_job(tmp: Path) -> tuple[Job, HttpSource]:
 
 
 async def wait_port(source: HttpSource) -> str:
-    for _ in range(200):
-        if source.port:
+    for _ in range(500):
+        if source.port and source.accepting:
             return source.url
         await asyncio.sleep(0.01)
-    raise AssertionError("the HTTP ingress did not start")
+    raise AssertionError("the HTTP ingress did not start taking requests")
 
 
 async def test_acknowledged_messages_survive_a_crash_exactly_once(tmp_path: Path) -> None:
