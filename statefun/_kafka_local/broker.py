@@ -462,6 +462,9 @@ def _server_properties(
         # Look for timed-out transactions every second (Kafka's default is 10 s): a clustered
         # worker killed while it commits holds back read_committed readers until then.
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+        # Let workers choose a group session as short as 1 s (Kafka's minimum is 6 s): how
+        # soon a dead worker's key groups move, on a broker meant for one machine.
+        "group.min.session.timeout.ms": "1000",
         # Small files and few threads: a test broker on a small machine.
         "log.segment.bytes": str(16 * 1024 * 1024),
         "log.index.size.max.bytes": str(1024 * 1024),

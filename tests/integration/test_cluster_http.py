@@ -39,6 +39,7 @@ from tests.integration.test_cluster_workers import (
     read_outputs,
     state_counts,
 )
+from tests.kafka_fixture import HEARTBEAT_MS, SESSION_MS
 
 kafka = import_kafka()
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -106,8 +107,8 @@ class HttpCluster:
             "cluster.job_id": self.job_id,
             "cluster.worker_id": worker,
             "cluster.partitions": str(PARTITIONS),
-            "cluster.session_timeout_ms": "6000",
-            "cluster.heartbeat_interval_ms": "1000",
+            "cluster.session_timeout_ms": str(SESSION_MS),
+            "cluster.heartbeat_interval_ms": str(HEARTBEAT_MS),
             "cluster.port_offset": str(index),
             "checkpoint_interval_ms": "300",
             **self.extra,
@@ -415,7 +416,7 @@ def test_requests_during_a_held_rebalance_are_refused_within_the_bound(
     times out, and w0 has no assignment meanwhile. Its requests are answered 503 with
     Retry-After within cluster_http_wait_ms (calls within replyTimeout); every 202 is in the
     egress once and no 503 is there at all."""
-    wait_s, reply_s, session_s = 1.5, 4.0, 12
+    wait_s, reply_s, session_s = 1.5, 4.0, 2 * SESSION_MS // 1000  # held past reply_s
     cluster = HttpCluster(
         tmp_path,
         bootstrap,

@@ -28,6 +28,7 @@ from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._changelog import restore_partitions
 from statefun.sdk import StringType
 from tests.integration.fns.cluster_fns import ADDRESSES, next_id
+from tests.kafka_fixture import HEARTBEAT_MS, SESSION_MS
 
 kafka = import_kafka()
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -78,8 +79,8 @@ class Cluster:
             "cluster.job_id": self.job_id,
             "cluster.worker_id": worker,
             "cluster.partitions": str(PARTITIONS),
-            "cluster.session_timeout_ms": "6000",
-            "cluster.heartbeat_interval_ms": "1000",
+            "cluster.session_timeout_ms": str(SESSION_MS),
+            "cluster.heartbeat_interval_ms": str(HEARTBEAT_MS),
             "checkpoint_interval_ms": "300",
         }
 
@@ -310,9 +311,11 @@ def _partitions_of(log: str) -> set[int]:
 def rebalance_gap(
     cluster: Cluster, reader: Reader, moved: set[int], since: float, wait_s: float = 45.0
 ) -> float:
-    """Seconds from ``since`` to the first output of a key in ``moved`` partitions after it,
-    waiting up to ``wait_s`` for it (a transaction the lost worker left open holds readers back
-    until the broker aborts it: the transaction timeout plus its check, under load longer)."""
+    """Seconds from ``since`` (the old owner stopped) to the first output of a key in ``moved``
+    partitions read a second or more after it, which the new owner wrote (what the old owner
+    committed before ``since`` is read within a poll or two), waiting up to ``wait_s`` for it
+    (a transaction the old owner left open holds readers back until the broker aborts it:
+    the transaction timeout plus its check, under load longer)."""
     max_p = cluster.config.max_parallelism
     deadline = time.monotonic() + wait_s
     checked = 0
@@ -321,7 +324,7 @@ def rebalance_gap(
         checked += len(seen)
         for at, key, _ in seen:
             partition = cluster.config.partition_of(key_group_for("cluster/hop", key, max_p))
-            if at > since and partition in moved:
+            if at > since + 1.0 and partition in moved:
                 return at - since
         if time.monotonic() > deadline:
             raise AssertionError("no output of the moved key groups after the rebalance")
@@ -342,10 +345,13 @@ def test_a_paused_worker_is_fenced_and_its_key_groups_move(cluster: Cluster) -> 
         moved = _partitions_of(cluster.log("w1").read_text())
         paused = time.monotonic()
         cluster.workers["w1"].send_signal(signal.SIGSTOP)
-        time.sleep(6 + 6)  # past the session timeout (6 s)
+        time.sleep(2 * SESSION_MS / 1000)  # past the session timeout
         cluster.workers["w1"].send_signal(signal.SIGCONT)
         gap = rebalance_gap(cluster, reader, moved, paused)
-        print(f"\nrebalance after SIGSTOP of a worker: {gap:.2f} s (session timeout 6 s)")
+        print(
+            f"\nrebalance after SIGSTOP of a worker: {gap:.2f} s "
+            f"(session timeout {SESSION_MS / 1000:g} s)"
+        )
         time.sleep(8)
         if cluster.workers["w1"].poll() is not None:  # fenced: it stopped itself
             assert cluster.workers["w1"].returncode == 1
