@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import http.client
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import expect, free_port, percentile, progress
+from bench._common import expect, free_port, percentile, progress, terminate
 
 __all__ = ["CASES", "MODES", "Figures", "measure_mode"]
 
@@ -223,12 +222,7 @@ def measure_mode(
                 f" p99 {figures.p99:.1f} ms"
             )
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
     text = log.read_text(errors="replace")
     expect("Traceback" not in text, f"{mode}: {text[-2000:]}")
     return results
