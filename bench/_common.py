@@ -4,7 +4,9 @@ the smoke mode (``--smoke``) that every benchmark has."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +20,7 @@ __all__ = [
     "percentile",
     "progress",
     "smoke_banner",
+    "terminate",
 ]
 
 
@@ -70,3 +73,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it after ``timeout`` seconds."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._common import SMOKE_HELP, cpu_seconds, expect, percentile, progress, smoke_banner  # noqa: E402
+from bench._common import (  # noqa: E402
+    SMOKE_HELP,
+    cpu_seconds,
+    expect,
+    percentile,
+    progress,
+    smoke_banner,
+    terminate,
+)
 from bench.kafka_e2e import KEYS, PARTITIONS, Reader, create_topics, feed, machine  # noqa: E402
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
@@ -195,12 +202,7 @@ def run(
     finally:
         if feeder is not None:
             feeder.wait(timeout=60)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
         reader.close()
     expect(len(latencies) == want, f"{tag}: {len(latencies)} of {want} latency records")
     expect(extra == 0, f"{tag}: {extra} records arrived twice")

@@ -16,7 +16,7 @@ from statefun.module._fields import Fields
 from statefun.module._http_options import ingress_allowed_hosts, ingress_tls, ingress_token
 from statefun.module._specs import HttpIngressSpec
 
-__all__ = ["KIND", "server_options"]
+__all__ = ["KIND", "server_options", "wal_dir"]
 
 
 def _parse(spec: Fields) -> HttpIngressSpec:
@@ -44,7 +44,7 @@ def _build(spec: HttpIngressSpec, context: ConnectorContext) -> HttpSource:
         spec.reply_timeout.total_seconds(),
         spec.max_pending,
         replies=context.replies,
-        wal_dir=_wal_dir(settings, spec.id),
+        wal_dir=wal_dir(settings, spec.id),
         wal_retained=settings.checkpoints_retained,
         log_calls=settings.reply_release != "on-checkpoint",
         held_replies=context.held_replies,
@@ -56,7 +56,7 @@ def _build(spec: HttpIngressSpec, context: ConnectorContext) -> HttpSource:
     )
 
 
-def _wal_dir(settings: Settings, ingress_id: str) -> Path | None:
+def wal_dir(settings: Settings, ingress_id: str) -> Path | None:
     """The HTTP ingress's write-ahead log: only with checkpoints, which make it replayable."""
     if not settings.checkpoint_dir:
         return None

@@ -59,7 +59,7 @@ from statefun.ingress._keystore import (
 )
 from statefun.sdk._types import TypedValue
 
-__all__ = ["HEADER", "HEADER_KEY", "IdempotentRequests"]
+__all__ = ["HEADER", "HEADER_KEY", "IdempotentRequests", "entry_fields", "entry_of"]
 
 log = logging.getLogger(__name__)
 
@@ -238,12 +238,12 @@ class IdempotentRequests:
             entry.tag = self._cut
         self._sealed.extend(self._pending)
         self._pending = []
-        entries = [_encode(entry, entry.result) for entry in self._sealed]
+        entries = [entry_fields(entry, entry.result) for entry in self._sealed]
         if self._calls:
             held = dict(self._held_replies()) if self._held_replies is not None else {}
             for request_id, entry in self._calls.items():
                 reply = held.get(request_id)
-                entries.append(_encode(entry, None if reply is None else _result_of(reply)))
+                entries.append(entry_fields(entry, None if reply is None else _result_of(reply)))
         return {"cut": self._cut, "entries": entries}
 
     def restore(self, state: Any) -> None:
@@ -271,7 +271,7 @@ class IdempotentRequests:
             entry.emitted = True
             self.store.put(entry)
         for raw in self._restored:
-            self._restore_entry(_decode(raw))
+            self._restore_entry(entry_of(raw))
         self._restored = []
         for record in wal_records:
             if len(record) < 8:
@@ -342,8 +342,10 @@ def _record(entry: Entry) -> list[Any]:
     ]
 
 
-def _encode(entry: Entry, result: Result) -> list[Any]:
-    """An entry as JSON-able fields (checkpoint metadata is JSON)."""
+def entry_fields(entry: Entry, result: Result) -> list[Any]:
+    """An entry as JSON-able fields (checkpoint metadata is JSON): ``[key, fingerprint hex,
+    route, accepted ms, request id, result]``, the result None (in progress), ``ACCEPTED`` or
+    ``[typename, has value, base64 bytes]``."""
     encoded: Any = result
     if isinstance(result, tuple):
         typename, has_value, value = result
@@ -358,7 +360,7 @@ def _encode(entry: Entry, result: Result) -> list[Any]:
     ]
 
 
-def _decode(fields: list[Any]) -> Entry:
+def entry_of(fields: list[Any]) -> Entry:
     key, fp, route, accepted_ms, request_id, result = fields
     entry = Entry(key, bytes.fromhex(fp), route, int(accepted_ms))
     entry.request_id = request_id

@@ -20,7 +20,16 @@ from typing import Any
 from statefun._files import fsync_dir, write_atomically
 from statefun.ingress._wal import frame, read_frames
 
-__all__ = ["ACCEPTED", "MAX_KEY_LENGTH", "Entry", "KeyLog", "KeyStore", "check_key", "fingerprint"]
+__all__ = [
+    "ACCEPTED",
+    "MAX_KEY_LENGTH",
+    "Entry",
+    "KeyLog",
+    "KeyStore",
+    "check_key",
+    "fingerprint",
+    "read_key_log",
+]
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +191,23 @@ class KeyStore:
         return self._entries.values()
 
 
+def _log_paths(directory: Path) -> list[Path]:
+    return sorted(directory.glob("keys-*.log"), key=lambda p: int(p.stem[5:]))
+
+
+def read_key_log(directory: Path, max_tag: int) -> list[list[Any]]:
+    """The key log's records in ``directory`` of cuts up to ``max_tag``, oldest first, read
+    without changing a file (what ``KeyLog.load`` keeps); none when there is no log."""
+    if not directory.is_dir():
+        return []
+    return [
+        record
+        for path in _log_paths(directory)
+        for _, record in read_frames(path)
+        if record[0] <= max_tag
+    ]
+
+
 class KeyLog:
     """Completed keys on disk: ``keys-<n>.log`` files of framed records
     ``[tag, key, fingerprint, route, accepted_ms, request_id, result]``, appended and fsynced
@@ -197,7 +223,7 @@ class KeyLog:
         self._files: list[list[Any]] = []
 
     def _paths(self) -> list[Path]:
-        return sorted(self.directory.glob("keys-*.log"), key=lambda p: int(p.stem[5:]))
+        return _log_paths(self.directory)
 
     def load(self, max_tag: int) -> list[list[Any]]:
         """Open the log and return its records, oldest first, without those of cuts after

@@ -53,7 +53,7 @@ from statefun._http.server import Reply, Request, plain
 from statefun._settings import Settings
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._http_keys import answer, dead_letter_to_key, key_functions, request_value
-from statefun.cluster._key_retention import KeyRetention
+from statefun.cluster._key_retention import KeyRetention, KeySweep
 from statefun.cluster._keys import KEY_TYPENAME, KeyMessageError, key_id
 from statefun.cluster._replies import (
     RateLimitedLog,
@@ -438,18 +438,21 @@ class WorkerHttp:
 
     # -- epochs -------------------------------------------------------------------------------
 
-    def serve_keys(self, job: KeyedJob) -> None:
+    def serve_keys(self, job: KeyedJob, key_groups: Sequence[int]) -> KeySweep:
         """``job`` serves the idempotency keys' function, and a key hears when the message it
-        forwarded goes to the dead letters (``_http_keys.py``)."""
+        forwarded goes to the dead letters (``_http_keys.py``); the sweep deleting the expired
+        keys of ``key_groups`` (the epoch's) is for the epoch to run (``_key_retention.py``)."""
         retention = KeyRetention(
             job.state,
             self._settings.max_parallelism,
             self._settings.http_idempotency_retention_s * 1000,
             self._settings.http_idempotency_max_keys,
             self._settings.http_idempotency_max_reply_bytes,
+            key_groups,
         )
         job.functions.add(key_functions(retention, job.clock))
         job.outputs.on_dead_letter_from(KEY_TYPENAME, dead_letter_to_key(job.send))
+        return KeySweep(retention, job.clock)
 
     def attach(self, job: HttpJob, transactions: RowWriter) -> EpochHttp:
         """A new epoch's job serves the requests from now on."""

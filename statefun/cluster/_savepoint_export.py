@@ -21,11 +21,15 @@ savepoint is consistent only when no worker runs. So it is refused while the job
 members: stop the workers (SIGTERM: each commits a last checkpoint as it leaves) or wait for
 the session timeout of killed ones. Remote functions' registered state specs are not in the
 changelog; a job restored from the savepoint learns them again from the functions.
+
+The HTTP ingress's idempotency keys (the key records, with the replies and dead letters in
+flight to them applied) become the ingress's position as a single-process job checkpoints it
+(``_key_savepoints.export_keys``), so a repeat after the restore gets the recorded answer.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -43,13 +47,14 @@ from statefun.cluster._changelog import Restored, decode_records, read_changelog
 from statefun.cluster._config import ClusterConfig, cluster_config
 from statefun.cluster._exchange import decode_message
 from statefun.cluster._kafka_admin import open_admin
-from statefun.cluster._keys import KEY_TYPENAME
+from statefun.cluster._key_savepoints import export_keys, http_ingress_ids
 from statefun.module._specs import KafkaIngressSpec, ModuleSpec
-from statefun.runtime._envelope import Envelope
 from statefun.runtime._timers import DelayedEntry
 from statefun.state.memory import MemoryStateBackend
 
 __all__ = ["export_command", "write_savepoint"]
+
+log = logging.getLogger(__name__)
 
 _READ_TIMEOUT_S = 60.0
 
@@ -74,26 +79,24 @@ def write_savepoint(
     latest, _ = read_changelog(
         config, range(config.partitions), _READ_TIMEOUT_S, client="savepoint"
     )
-    restored = _without_keys(decode_records(latest))
-    restored.messages.extend(m for m in _exchange_tail(config, committed) if _not_key(m))
-    positions = _positions(module, committed, ends)
-    return _write(settings, restored, positions, root)
-
-
-def _not_key(envelope: Envelope) -> bool:
-    return envelope.typename != KEY_TYPENAME
-
-
-def _without_keys(restored: Restored) -> Restored:
-    """The HTTP ingress's idempotency keys stay behind (their records, the requests to them and
-    their expiry): a single-process job keeps its keys beside its WAL, and a stopped job has no
-    request waiting."""
-    return dataclasses.replace(
-        restored,
-        state=[s for s in restored.state if s[1][0] != KEY_TYPENAME],
-        messages=[m for m in restored.messages if _not_key(m)],
-        timers=[t for t in restored.timers if _not_key(t[3])],
+    restored = decode_records(latest)
+    keys = export_keys(
+        http_ingress_ids(module),
+        restored.state,
+        restored.messages + _exchange_tail(config, committed),
+        restored.timers,
+        settings.http_idempotency_retention_s * 1000,
+        int(time.time() * 1000),
     )
+    restored = Restored(keys.state, keys.messages, keys.timers, restored.records)
+    positions: dict[str, Any] = {**_positions(module, committed, ends), **keys.positions}
+    log.info(
+        "cluster: savepoint of job %s: %d idempotency key(s) (%d expired or dropped)",
+        config.job_id,
+        keys.keys,
+        keys.dropped,
+    )
+    return _write(settings, restored, positions, root)
 
 
 def _group_offsets(

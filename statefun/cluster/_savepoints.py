@@ -9,7 +9,8 @@ changelog partition of its key group; per partition a cut record with the messag
 to its key groups and the delayed messages its key groups sent. The savepoint's Kafka
 ingress positions become the job's group's committed offsets (``pystatefun.<job>``), in the
 same transaction: an input partition the savepoint names starts where it says, one it does
-not name at its beginning (as a single-process job restored from it does).
+not name at its beginning (as a single-process job restored from it does). The HTTP ingress's
+idempotency keys become the key records of their key groups (``_key_savepoints.py``).
 
 **Once per job.** The job's changelog is seeded only while it holds no committed record; the
 first record of partition 0 is then a *seed* record (``0:seed``) naming the savepoint (its id,
@@ -62,6 +63,7 @@ from statefun.checkpoint.verify import verify_files
 from statefun.cluster._changelog import TrackedMemoryState, changelog_rows
 from statefun.cluster._config import PREFIX, ClusterConfig, cluster_config
 from statefun.cluster._exchange import partition_in_key
+from statefun.cluster._key_savepoints import savepoint_keys
 from statefun.cluster._support import check_clusterable
 from statefun.cluster._topics import ensure_topics
 from statefun.egress.kafka import KafkaSink, Row
@@ -107,6 +109,8 @@ class SavepointContents:
     sinks: dict[str, Any] = field(default_factory=dict)
     #: what names the savepoint in the seed record
     identity: dict[str, Any] = field(default_factory=dict)
+    #: how many of ``state``'s addresses are the HTTP ingress's idempotency keys
+    keys: int = 0
 
 
 def read_savepoint(
@@ -163,6 +167,17 @@ def read_savepoint(
         contents.state = [e for e in contents.state if e[1][0] not in orphans]
         for typename, count in sorted(orphans.items()):
             log.warning("dropped the state of %d address(es) of %s", count, typename)
+    try:
+        keys = savepoint_keys(module, settings, path, contents.positions, contents.messages)
+    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise CheckpointDamagedError(
+            str(path), f"its HTTP ingress's idempotency keys do not decode: {exc!r}"
+        ) from exc
+    contents.state += keys.state
+    contents.messages = keys.messages
+    contents.keys = len(keys.state)
+    if keys.dropped:
+        log.info("%s: %d idempotency key(s) expired or without their call", path, keys.dropped)
     return contents
 
 
@@ -287,12 +302,13 @@ def seed_changelog(config: ClusterConfig, module: ModuleSpec, contents: Savepoin
                 return _already(config, contents, seeded)
             log.info(
                 "cluster: job %s seeded from %s: %d address(es) with state, %d message(s) in "
-                "flight, %d delayed",
+                "flight, %d delayed, %d idempotency key(s)",
                 config.job_id,
                 contents.path,
-                len(contents.state),
+                len(contents.state) - contents.keys,
                 len(contents.messages),
                 len(contents.timers),
+                contents.keys,
             )
             return True
         except (kafka.errors.ProducerFencedError, kafka.errors.InvalidProducerEpochError) as exc:

@@ -46,6 +46,7 @@ from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import WorkerTransactions, exchange_row
 from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
 from statefun.cluster._ingress import ClusteredKafkaSource
+from statefun.cluster._key_retention import KeySweep
 from statefun.cluster._membership import ExchangeSource, Membership, Partitions
 from statefun.cluster._topics import delete_retention_ms, ensure_topics
 from statefun.egress.base import Sink
@@ -159,6 +160,8 @@ class Epoch:
         #: the worker's HTTP ingresses; each epoch's job serves them (``_http_ingress.py``)
         self.http = http
         self.http_link: EpochHttp | None = None
+        #: deletes the expired idempotency keys of the epoch's key groups
+        self.sweep: KeySweep | None = None
         self.settings = settings
         self.config = config
         self.membership = membership
@@ -200,8 +203,9 @@ class Epoch:
         self.job = job = Job(
             self.module, self.settings, sinks=sinks, state=self.state, serve_admin=False
         )
+        owned = [kg for p in self.partitions for kg in self.config.key_groups_of(p)]
         if self.http is not None:  # before anything is routed: its idempotency keys' function
-            self.http.serve_keys(job)
+            self.sweep = self.http.serve_keys(job, owned)
         self.source = ExchangeSource(job.send)
         for ingress in self.module.ingresses:
             if isinstance(ingress, KafkaIngressSpec):
@@ -216,8 +220,8 @@ class Epoch:
         )
         for source in self.ingresses:
             source.start_at(starts)
-        owned = {kg for p in self.partitions for kg in self.config.key_groups_of(p)}
-        others = [kg for kg in range(self.config.max_parallelism) if kg not in owned]
+        mine = set(owned)
+        others = [kg for kg in range(self.config.max_parallelism) if kg not in mine]
         job.router.reroute(others, Outbound(job, self.config, self.transactions))
         kept = await self._kept()
         rest = [p for p in self.partitions if p not in kept]
@@ -249,6 +253,8 @@ class Epoch:
             self.http_link = self.http.attach(job, self.transactions)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(job.run()), loop.create_task(self._checkpoints())]
+        if self.sweep is not None:  # expired idempotency keys, deleted with no traffic
+            self._tasks.append(loop.create_task(self.sweep.run()))
 
     async def deliver(self, records: list[Any]) -> None:
         """A poll's records: the exchange's to keyBy, the inputs' to their ingress."""

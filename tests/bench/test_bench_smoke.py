@@ -146,6 +146,12 @@ def test_cluster(bootstrap: str) -> None:
     assert "| two-hop | cluster-2 |" in out
 
 
+def test_idempotency_keys(bootstrap: str) -> None:
+    out = smoke("idempotency_keys.py", "--bootstrap", bootstrap, timeout=300)
+    assert "| call repeat |" in out and "cluster-2 p50 / p99" in out, out
+    assert "| messages keyed | " in out and "x single)" in out, out
+
+
 def test_admin_views() -> None:
     out = smoke("admin_views.py", *BACKENDS, timeout=120)
     for part in ("### 1.", "### 2.", "### 3."):

@@ -113,7 +113,7 @@ async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
     assert config is not None
     owners = [WorkerHttp(module, settings, config) for _ in range(2)]
     job = Job(module, settings, sources=[_Idle("idle")], serve_admin=False)
-    owners[0].serve_keys(job)
+    owners[0].serve_keys(job, range(settings.max_parallelism))
     transaction = Transaction()
     links = [owner.attach(job, transaction) for owner in owners]
     loop = asyncio.get_running_loop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from statefun.cluster._changelog import TrackedMemoryState
-from statefun.cluster._key_retention import KeyRetention
+from statefun.cluster._key_retention import KeyRetention, KeySweep
 from statefun.cluster._keys import (
     ACCEPTED,
     BUSY,
@@ -246,3 +246,61 @@ def test_the_oldest_keys_go_past_the_key_groups_share_of_the_bounds() -> None:
     retention.seen("c", _accepted(T0 + 2, b"z" * 600), T0 + 2)
     assert _keys_of(state) == ["b"] and retention.evicted == 1
     assert KeyRetention(state, 128, RETENTION, 1_000_000, 256 << 20).max_keys == 7813
+
+
+# -- the sweep: expired keys deleted with no traffic -------------------------------------------
+
+
+def _spread(state: TrackedMemoryState, key_group: int, keys: dict[str, Record]) -> None:
+    for id_, record in keys.items():
+        value = TypedValue(RECORD_TYPENAME, encode_record(record))
+        state.restore_put(key_group, (KEY_TYPENAME, id_), {"record": value})
+
+
+def test_the_sweep_deletes_expired_keys_of_every_owned_key_group_with_no_request() -> None:
+    state = TrackedMemoryState()
+    _spread(state, 0, {"a0": _accepted(T0), "b0": _accepted(T0 + 900)})
+    _spread(state, 1, {"a1": _accepted(T0 + 100, b"reply")})
+    _spread(state, 2, {"a2": _accepted(T0)})  # not this worker's key group
+    state.restore_put(1, ("ex/greeter", "dave"), {"seen": TypedValue("t/T", b"1")})
+    retention = KeyRetention(state, 4, 1_000, 100, 1 << 20, key_groups=[0, 1])
+    assert retention.sweep(T0 + 999) == 0  # nothing expired yet
+    assert state.take_changed() == set()
+    assert retention.sweep(T0 + 1_100) == 2  # a0 and a1, with no key function run
+    assert state.take_changed() == {(0, (KEY_TYPENAME, "a0")), (1, (KEY_TYPENAME, "a1"))}
+    assert state.get(0, (KEY_TYPENAME, "b0")) is not None
+    assert state.get(2, (KEY_TYPENAME, "a2")) is not None  # another worker's to delete
+    assert state.get(1, ("ex/greeter", "dave")) is not None
+    assert retention.expired == 2 and len(retention) == 1
+    assert retention.sweep(T0 + 1_900) == 1 and state.get(0, (KEY_TYPENAME, "b0")) is None
+
+
+def test_a_sweep_does_bounded_work_and_the_next_goes_on_where_it_stopped() -> None:
+    state = TrackedMemoryState()
+    _spread(state, 0, {f"k{n}": _accepted(T0 + n) for n in range(5)})
+    _spread(state, 1, {f"j{n}": _accepted(T0 + n) for n in range(3)})
+    retention = KeyRetention(state, 2, 1_000, 100, 1 << 20, key_groups=[0, 1])
+    later = T0 + 2_000
+    # budget 8: 5 addresses read to index key group 0, then 3 deletions; it stops there
+    assert retention.sweep(later, budget=8) == 3
+    assert sorted(id_ for (_, id_), _ in state.items(0)) == ["k3", "k4"]
+    assert len(list(state.items(1))) == 3  # not reached
+    # the next starts with key group 0 again (still expired keys), then indexes group 1 (3)
+    assert retention.sweep(later, budget=6) == 3
+    assert list(state.items(0)) == [] and len(list(state.items(1))) == 2
+    assert retention.sweep(later, budget=6) == 2
+    assert retention.expired == 8 and len(retention) == 0
+    # an indexed key group with nothing expired costs one look: a sweep of many is cheap
+    assert retention.sweep(later, budget=1) == 0
+
+
+def test_the_sweep_runs_every_interval_of_the_jobs_clock() -> None:
+    state = TrackedMemoryState()
+    _spread(state, 0, {"a": _accepted(T0), "b": _accepted(T0 + 3_000)})
+    now = [T0]
+    sweep = KeySweep(KeyRetention(state, 1, 1_000, 100, 1 << 20, [0]), lambda: now[0], 500)
+    assert sweep.tick() == 0  # not due
+    now[0] = T0 + 1_000
+    assert sweep.tick() == 1 and sweep.tick() == 0  # "a"; then not due again
+    now[0] = T0 + 4_000
+    assert sweep.tick() == 1 and sweep.deleted == 2
