@@ -188,7 +188,8 @@ def main() -> None:
     if args.modes == "none":
         args.modes = ""
     if args.smoke:
-        args.keys, args.per_checkpoint, args.clients, args.seconds = 2_000, 500, 2, 1.0
+        args.keys, args.per_checkpoint, args.clients, args.seconds = 2_000, 500, 2, 0.3
+        args.interval_ms = 200
     print(f"{args.keys} keys ...", file=sys.stderr)
     messages = memory_per_key(args.keys, "messages")
     calls = memory_per_key(args.keys, "call")
