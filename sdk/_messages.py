@@ -23,6 +23,8 @@ from statefun.sdk._types import (
     _WrapperType,
     validate_typename,
 )
+from statefun.sdk._varint import ONE_BYTE as _ONE_BYTE
+from statefun.sdk._varint import bytes_field
 
 _INT_TYPENAME = IntType.typename
 _INT: _WrapperSerializer = IntType.serializer()  # type: ignore[assignment]
@@ -268,14 +270,51 @@ def kafka_egress_message(
         raise ValueError("a destination Kafka topic is missing")
     if value is None:
         raise ValueError("missing value")
-    record = egress_pb2.KafkaProducerRecord(
-        topic=topic, value_bytes=_value_bytes(value, value_type, allow_numbers=True)
-    )
-    if key is not None:
-        record.key = key
-    return EgressMessage(
-        typename, TypedValue(KAFKA_PRODUCER_RECORD_TYPENAME, record.SerializeToString())
-    )
+    if not typename:
+        raise ValueError("typename is missing")
+    if type(topic) is not str or (key is not None and type(key) is not str):
+        raise TypeError(
+            f"topic and key must be str, got {type(topic).__name__} and {type(key).__name__}"
+        )
+    if value_type is None and type(value) is bytes:
+        data = value
+    else:
+        data = _value_bytes(value, value_type, allow_numbers=True)
+    # KafkaProducerRecord's bytes, written as protobuf writes them: key (1), value_bytes (2),
+    # topic (3), empty ones left out
+    topic_bytes = topic.encode("utf-8")
+    key_bytes = key.encode("utf-8") if key else b""
+    k, d, t = len(key_bytes), len(data), len(topic_bytes)
+    if k and d and k < 128 and d < 128 and t < 128:  # the usual record: one join
+        record = b"".join(
+            (
+                b"\x0a",
+                _ONE_BYTE[k],
+                key_bytes,
+                b"\x12",
+                _ONE_BYTE[d],
+                data,
+                b"\x1a",
+                _ONE_BYTE[t],
+                topic_bytes,
+            )
+        )
+    else:
+        record = b"".join(
+            (
+                bytes_field(b"\x0a", key_bytes),
+                bytes_field(b"\x12", data),
+                bytes_field(b"\x1a", topic_bytes),
+            )
+        )
+    typed = _new_object(TypedValue)
+    typed.typename = KAFKA_PRODUCER_RECORD_TYPENAME
+    typed.has_value = True
+    typed.value = record
+    message = _new_object(EgressMessage)  # its fields are checked above
+    message.typename = typename
+    message.typed_value = typed
+    return message
 
 
 def kinesis_egress_message(

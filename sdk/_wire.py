@@ -16,6 +16,8 @@ from statefun.sdk._context import DelayedMessage
 from statefun.sdk._messages import EgressMessage, Message
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import ValueSpec
+from statefun.sdk._varint import ONE_BYTE, varint
+from statefun.sdk._varint import bytes_field as _field
 
 __all__ = [
     "ONE_BYTE",
@@ -27,31 +29,6 @@ __all__ = [
     "message_field",
     "varint",
 ]
-
-#: the varints of 0..127, one byte each (indexing this beats calling ``varint`` on hot paths)
-ONE_BYTE = [bytes((i,)) for i in range(128)]
-
-
-def varint(n: int) -> bytes:
-    """The protobuf varint of a non-negative int (or a negative int64, as 10 bytes)."""
-    if 0 <= n < 128:
-        return ONE_BYTE[n]
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field; empty strings are left out, as proto3 does."""
-    if not payload:
-        return b""
-    n = len(payload)
-    return tag + (ONE_BYTE[n] if n < 128 else varint(n)) + payload
 
 
 def message_field(tag: bytes, payload: bytes) -> bytes:
@@ -144,13 +121,29 @@ def _delayed(delayed: DelayedMessage) -> bytes:
     return message_field(b"\x1a", body)
 
 
+_egress_prefix: dict[str, bytes] = {}
+
+
 def _egress(message: EgressMessage) -> bytes:
-    namespace, _, name = message.typename.rpartition("/")
-    return message_field(
-        b"\x22",
-        _field(b"\x0a", namespace.encode("utf-8"))
-        + _field(b"\x12", name.encode("utf-8"))
-        + message_field(b"\x1a", encode_typed(message.typed_value)),
+    typename = message.typename
+    prefix = _egress_prefix.get(typename)
+    if prefix is None:
+        namespace, _, name = typename.rpartition("/")
+        prefix = _field(b"\x0a", namespace.encode("utf-8")) + _field(b"\x12", name.encode("utf-8"))
+        if len(_egress_prefix) < 10_000:
+            _egress_prefix[typename] = prefix
+    typed = encode_typed(message.typed_value)
+    t = len(typed)
+    n = len(prefix) + 1 + (1 if t < 128 else len(varint(t))) + t
+    return b"".join(
+        (
+            b"\x22",
+            ONE_BYTE[n] if n < 128 else varint(n),
+            prefix,
+            b"\x1a",
+            ONE_BYTE[t] if t < 128 else varint(t),
+            typed,
+        )
     )
 
 

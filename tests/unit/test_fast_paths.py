@@ -17,6 +17,7 @@ from statefun._exceptions import InvalidTypeNameError
 from statefun.sdk import (
     BoolType,
     DoubleType,
+    EgressMessage,
     FloatType,
     IntType,
     LongType,
@@ -25,12 +26,14 @@ from statefun.sdk import (
     Type,
     ValueSpec,
     egress_message_builder,
+    kafka_egress_message,
     make_json_type,
     simple_type,
 )
-from statefun.sdk._proto import types_pb2
+from statefun.sdk._proto import egress_pb2, request_reply_pb2, types_pb2
 from statefun.sdk._storage import make_storage_class
 from statefun.sdk._types import TypedValue, validate_typename
+from statefun.sdk._wire import encode_invocation_response
 
 _INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 
@@ -191,3 +194,42 @@ def test_a_state_write_equals_the_generic_encoding(value_type: Type, value: Any)
             lambda: value_type.serializer().deserialize(raw.value) if raw.has_value else None
         )
         assert decoded == reference or decoded != decoded  # (NaN never equals itself)
+
+
+_TEXT = st.text(max_size=300)
+
+
+@given(topic=_TEXT.filter(bool), key=st.none() | _TEXT, value=st.binary(max_size=300))
+@settings(max_examples=300)
+def test_kafka_record_bytes_are_protobufs(topic: str, key: str | None, value: bytes) -> None:
+    typed = kafka_egress_message("a/k", topic, value, key=key).typed_value
+    reference = egress_pb2.KafkaProducerRecord(topic=topic, value_bytes=value)
+    if key is not None:
+        reference.key = key
+    assert typed.value == reference.SerializeToString()
+
+
+def test_kafka_record_refuses_what_protobuf_refuses() -> None:
+    with pytest.raises(TypeError, match="topic and key must be str, got bytes and NoneType"):
+        kafka_egress_message("a/k", b"t", b"v")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got str and int"):
+        kafka_egress_message("a/k", "t", b"v", key=5)  # type: ignore[arg-type]
+
+
+@given(
+    namespace=st.text(min_size=1, max_size=150).filter(lambda s: "/" not in s),
+    name=st.text(min_size=1, max_size=150).filter(lambda s: "/" not in s),
+    value=st.binary(max_size=300),
+)
+@settings(max_examples=200)
+def test_an_egress_record_in_a_response_is_protobufs(
+    namespace: str, name: str, value: bytes
+) -> None:
+    typename = f"{namespace}/{name}"
+    typed = TypedValue("x/y", value)
+    encoded = encode_invocation_response([], [], [], [EgressMessage(typename, typed)])
+    reference = request_reply_pb2.FromFunction()
+    egress = reference.invocation_result.outgoing_egresses.add()
+    egress.egress_namespace, egress.egress_type = namespace, name
+    egress.argument.typename, egress.argument.has_value, egress.argument.value = "x/y", True, value
+    assert encoded == reference.SerializeToString()
