@@ -12,6 +12,8 @@ def varint(n: int) -> bytes:
     """The protobuf varint of a non-negative int (or a negative int64, as 10 bytes)."""
     if 0 <= n < 128:
         return ONE_BYTE[n]
+    if 0 < n < 16384:  # two bytes: the length of most fields that need more than one
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64
     out = bytearray()

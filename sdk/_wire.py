@@ -134,17 +134,10 @@ def _egress(message: EgressMessage) -> bytes:
             _egress_prefix[typename] = prefix
     typed = encode_typed(message.typed_value)
     t = len(typed)
-    n = len(prefix) + 1 + (1 if t < 128 else len(varint(t))) + t
-    return b"".join(
-        (
-            b"\x22",
-            ONE_BYTE[n] if n < 128 else varint(n),
-            prefix,
-            b"\x1a",
-            ONE_BYTE[t] if t < 128 else varint(t),
-            typed,
-        )
-    )
+    length = ONE_BYTE[t] if t < 128 else varint(t)
+    n = len(prefix) + 1 + len(length) + t
+    head = ONE_BYTE[n] if n < 128 else varint(n)
+    return b"".join((b"\x22", head, prefix, b"\x1a", length, typed))
 
 
 _state_name_field: dict[str, bytes] = {}
