@@ -25,6 +25,9 @@ from statefun.sdk._wire import encode_incomplete_context, encode_invocation_resp
 __all__ = ["RequestReplyHandler"]
 
 _FromString = pb.ToFunction.FromString
+#: makes a Message without a call of its ``__init__`` (a Python frame per invocation); the
+#: target is checked once per batch in ``_prepare`` and upb never gives a None argument
+_new_message = object.__new__
 
 
 class _Batch:
@@ -119,7 +122,11 @@ def _run_sync(batch: _Batch) -> bytes:
     set_caller = context.set_caller_from_pb
     for invocation in batch.invocations:
         set_caller(invocation)
-        fun(context, Message(typename, id_, invocation.argument))
+        message = _new_message(Message)  # the fields __init__ would check are checked
+        message.target_typename = typename
+        message.target_id = id_
+        message.typed_value = invocation.argument
+        fun(context, message)
     return _finish(context)
 
 
@@ -130,7 +137,11 @@ async def _run_async(batch: _Batch) -> bytes:
     set_caller = context.set_caller_from_pb
     for invocation in batch.invocations:
         set_caller(invocation)
-        await fun(context, Message(typename, id_, invocation.argument))
+        message = _new_message(Message)  # the fields __init__ would check are checked
+        message.target_typename = typename
+        message.target_id = id_
+        message.typed_value = invocation.argument
+        await fun(context, message)
     return _finish(context)
 
 
