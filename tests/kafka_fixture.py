@@ -22,6 +22,8 @@ BOOTSTRAP_ENV = "PYSTATEFUN_KAFKA_BOOTSTRAP"
 SESSION_MS = 6000 if os.environ.get(BOOTSTRAP_ENV, "").strip() else 3000
 #: The workers' heartbeat interval: a sixth of the session, two missed beats are no expiry.
 HEARTBEAT_MS = SESSION_MS // 6
+#: The session's broker is thrown away with its data: it gets little time for a clean stop.
+_STOP_S = 3.0
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +31,7 @@ def kafka_broker() -> Iterator[KafkaBroker]:
     """A running broker; use ``kafka_broker.bootstrap_servers``. Topics outlive tests: name
     them uniquely."""
     external = os.environ.get(BOOTSTRAP_ENV, "").strip()
-    broker = KafkaBroker.external(external) if external else KafkaBroker()
+    broker = KafkaBroker.external(external) if external else KafkaBroker(stop_timeout=_STOP_S)
     with broker:
         yield broker
 
