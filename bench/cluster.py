@@ -49,7 +49,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._common import SMOKE_HELP, cpu_seconds, expect, percentile, progress, smoke_banner  # noqa: E402
-from bench.kafka_e2e import KEYS, PARTITIONS, Reader, create_topics, feed, machine  # noqa: E402
+from bench.kafka_e2e import (  # noqa: E402
+    KEYS,
+    PARTITIONS,
+    KafkaAdminClient,
+    Reader,
+    create_topics,
+    feed,
+    machine,
+)
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 PYTHON = sys.executable
@@ -111,6 +119,8 @@ def start(
     command = [PYTHON, "-m", "statefun", "--log-level", args.log_level, "run", str(module)]
     command += ["--set", f"checkpoint_interval_ms={args.interval_ms}"]
     command += ["--set", f"dead_letter_path={folder / 'dead.jsonl'}"]
+    for setting in args.set or ():
+        command += ["--set", setting]
     if MODES[mode]:
         command += ["--workers", str(MODES[mode])]
         command += ["--set", f"cluster.bootstrap_servers={bootstrap}"]
@@ -189,37 +199,66 @@ def read_to(reader: Reader, ends: list[int]) -> list[Output]:
     return records
 
 
+class Group:
+    """Whether a clustered job's group is stable: every worker a member with its partitions
+    (a worker that joins later makes the group move the partitions: the drain is counted
+    from the first commit after the last such move)."""
+
+    def __init__(self, bootstrap: str, job_id: str, workers: int) -> None:
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap) if workers else None
+        self.group, self.workers = f"pystatefun.{job_id}", workers
+        self.members: list[str] = []
+
+    def stable(self) -> bool:
+        if self.admin is None:
+            return True
+        described = self.admin.describe_groups([self.group]).get(self.group) or {}
+        members = described.get("members") or []
+        assigned = [m for m in members if m.get("member_assignment")]
+        self.members = sorted(str(m.get("member_id")) for m in members)
+        return described.get("group_state") == "Stable" and len(assigned) == self.workers
+
+    def close(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+
+
 def watch_drain(
     tag: str,
     process: subprocess.Popen[bytes],
     reader: Reader,
-    cluster: bool,
+    group: Group,
     broker_pid: int | None,
     args: argparse.Namespace,
-) -> tuple[list[Sample], list[Output]]:
+) -> tuple[list[Sample], int, list[Output]]:
     """Every ``_WATCH_S``, the output topic's committed ends (one ListOffsets request) and the
     CPU seconds of the processes, until the ends reach the backlog and stay put for two
     checkpoint intervals; then the records up to there are read (after the drain: a reader
     reading as they come would compete for the cores the drain is measured on), and the
-    watch goes on if some are missing. The samples and the records read."""
+    watch goes on if some are missing. The samples, the index of the first one that saw the
+    group stable, and the records read."""
     n, quiet_s = args.records, 2 * args.interval_ms / 1000
     consumer, partitions = reader.consumer, reader.partitions
     samples: list[Sample] = []
     outputs: list[Output] = []
     pids: list[int] = []
+    stable_at = -1
     moved_at = 0.0
     deadline = time.monotonic() + 90 + n / 300
     while True:
         expect(process.poll() is None, f"{tag}: exited {process.returncode}")
         expect(time.monotonic() < deadline, f"{tag}: not drained before the deadline")
+        if not pids:  # every process of the job, once it runs
+            pids = children(process.pid) if group.workers else [process.pid]
+            pids = pids if len(pids) == max(group.workers, 1) else []
+        if stable_at < 0 and pids and group.stable():
+            stable_at = len(samples)
         by_partition = consumer.end_offsets(partitions)
         ends = [by_partition[tp] for tp in partitions]
-        if not pids and any(ends):  # the first commit: every worker runs
-            pids = children(process.pid) if cluster else [process.pid]
         sample = Sample(
             time.monotonic(),
             ends,
-            [cpu_seconds(p) for p in pids],
+            [cpu_seconds(p) for p in pids] if pids else [0.0] * max(group.workers, 1),
             cpu_seconds(broker_pid) if broker_pid else 0.0,
         )
         if not samples or samples[-1].ends != ends:
@@ -228,33 +267,35 @@ def watch_drain(
         if sum(ends) >= n and sample.at - moved_at >= quiet_s:  # (ends count commit markers)
             outputs += read_to(reader, ends)
             if sum(1 for o in outputs if o[3][:1] == b"T") >= n:
-                return samples, outputs
+                expect(stable_at >= 0, f"{tag}: the group was never stable")
+                members = group.members
+                expect(group.stable() and group.members == members, f"{tag}: the group moved")
+                return samples, stable_at, outputs
         time.sleep(_WATCH_S)
 
 
 def drain_figures(
-    samples: list[Sample], outputs: list[Output], n: int, broker_start: float, interval_s: float
-) -> tuple[float, list[float], float]:
-    """records/s, and CPU microseconds per record of each worker process and of the broker,
-    from the first commit of backlog records (the CPU counted for the records of the commits
-    after it) to the sample that first saw the last of them committed."""
+    samples: list[Sample], stable_at: int, outputs: list[Output]
+) -> tuple[float, list[float], float, int]:
+    """records/s, CPU microseconds per record of each worker process and of the broker, and
+    the records counted: those of the commits after the first commit of backlog records that
+    was seen once the group was stable, up to the sample that first saw the last of them
+    committed (the work of the commits counted is done between those two samples, about).
+    A backlog drained before the group was stable (as in --smoke) is counted from its first
+    commit, or the start."""
     last: dict[int, int] = {}
     for partition, offset, _, value in outputs:
         if value[:1] == b"T":
             last[partition] = max(offset, last.get(partition, -1))
-    first = next(i for i, s in enumerate(samples) if any(s.ends))
     end = next(i for i, s in enumerate(samples) if all(s.ends[p] > o for p, o in last.items()))
-    start = samples[first]
-    if first == end:  # the whole backlog in one commit: counted from the processes' start
-        before, broker_before, done = [0.0] * len(start.cpu), broker_start, 0
-    else:
-        before, broker_before = start.cpu, start.broker
-        done = sum(1 for p, o, _, v in outputs if v[:1] == b"T" and o < start.ends[p])
-    # exactly-once: the first commit holds the work of the first interval
-    seconds = max(samples[end].at - start.at + interval_s, 0.001)
-    counted = max(n - done, 1)
-    workers = [1e6 * (a - b) / counted for a, b in zip(samples[end].cpu, before, strict=True)]
-    return n / seconds, workers, 1e6 * (samples[end].broker - broker_before) / counted
+    commits = [i for i in range(1, end) if samples[i].ends != samples[i - 1].ends]
+    stable = [i for i in commits if i >= stable_at]
+    first = (stable or commits or [0])[0]
+    start, stop = samples[first], samples[end]
+    counted = sum(1 for p, o, _, v in outputs if v[:1] == b"T" and o >= start.ends[p])
+    workers = [1e6 * (a - b) / counted for a, b in zip(stop.cpu, start.cpu, strict=True)]
+    broker = 1e6 * (stop.broker - start.broker) / counted
+    return counted / max(stop.at - start.at, 0.001), workers, broker, counted
 
 
 def run(
@@ -270,7 +311,6 @@ def run(
     live, out = f"{tag}-live", f"{tag}-out"
     create_topics(bootstrap, live, out)
     reader = Reader(bootstrap, out)
-    broker_start = cpu_seconds(broker_pid) if broker_pid else 0.0
     process = start(mode, job, bootstrap, [backlog.topic, live], out, tmp, args)
     n, want = args.records, int(args.rate * args.seconds)
     latencies: list[float] = []
@@ -278,13 +318,15 @@ def run(
     feeder = None
     try:
         progress(f"[{tag}] backlog of {n:,}")
-        samples, outputs = watch_drain(tag, process, reader, bool(MODES[mode]), broker_pid, args)
-        rate, drain_us, broker_drain_us = drain_figures(
-            samples, outputs, n, broker_start, args.interval_ms / 1000
-        )
+        group = Group(bootstrap, out, MODES[mode])
+        try:
+            samples, stable_at, outputs = watch_drain(tag, process, reader, group, broker_pid, args)
+        finally:
+            group.close()
+        rate, drain_us, broker_drain_us, counted = drain_figures(samples, stable_at, outputs)
         backlog.check(tag, job, [o for o in outputs if o[3][:1] == b"T"])
         extra += sum(1 for o in outputs if o[3][:1] != b"T")
-        progress(f"[{tag}]   {rate:,.0f} records/s; every output once")
+        progress(f"[{tag}]   {rate:,.0f} records/s over {counted:,} records; every output once")
         pids = children(process.pid) if MODES[mode] else [process.pid]
         before = [cpu_seconds(p) for p in pids]
         broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
@@ -378,6 +420,9 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=32, help="cluster_partitions")
     parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
     parser.add_argument("--log-level", default="warning", help="of the runtime processes")
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a runtime setting, every mode"
+    )
     parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
     parser.add_argument("--broker-pid", type=int, help="the existing broker's pid (its CPU)")
     parser.add_argument(
