@@ -41,7 +41,12 @@ from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster._admin import WorkerAdmin
 from statefun.cluster._carry import Carried, carry_cut, changelog_ends
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._changelog import (
+    AddressPartitions,
+    TrackedMemoryState,
+    changelog_rows,
+    restore_partitions,
+)
 from statefun.cluster._config import ClusterConfig
 from statefun.cluster._exchange import ExchangeBatches, WorkerTransactions
 from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
@@ -187,6 +192,8 @@ class Epoch:
         self._last_cut_empty = False
         #: partition -> its cut record as this epoch last wrote it (an equal one is not written)
         self._last_cuts: dict[int, bytes] = {}
+        #: the partitions of the addresses of messages in flight at the cuts
+        self._addresses = AddressPartitions(config)
         self.job: Job | None = None
         self.source: ExchangeSource | None = None
         self.outbound: Outbound | None = None
@@ -401,7 +408,14 @@ class Epoch:
                 await self._carry_ends(cut)
                 return False
             rows = changelog_rows(
-                self.config, self.state, changed, messages, timers, self.partitions, self._last_cuts
+                self.config,
+                self.state,
+                changed,
+                messages,
+                timers,
+                self.partitions,
+                self._last_cuts,
+                self._addresses,
             )
             self.transactions.write_rows(rows)
             kafka = import_kafka()

@@ -8,7 +8,7 @@ import msgpack
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.checkpoint._codec import envelope_row
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows
+from statefun.cluster._changelog import AddressPartitions, TrackedMemoryState, changelog_rows
 from statefun.cluster._config import ClusterConfig, cluster_config
 from statefun.cluster._exchange import (
     EXCHANGE_BATCH_BYTES,
@@ -132,3 +132,11 @@ def test_changed_state_is_written_with_the_addresses_values() -> None:
     assert set(states) == {"0:s:3:ns/to\x1fa", "0:s:3:ns/to\x1fc"}  # partition 6 not owned
     assert states["0:s:3:ns/to\x1fc"] is None  # a tombstone: compaction deletes the key
     assert state.take_changed() == set()
+
+
+def test_address_partitions_are_the_key_groups_partitions() -> None:
+    config = _config()
+    addresses = AddressPartitions(config, limit=50)  # forgotten twice over
+    for n in [*range(120), *range(120)]:
+        expected = config.partition_of(key_group_for("ns/to", f"id-{n}", config.max_parallelism))
+        assert addresses.of("ns/to", f"id-{n}") == expected
