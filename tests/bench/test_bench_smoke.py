@@ -146,6 +146,10 @@ def test_cluster(bootstrap: str) -> None:
     assert "| two-hop | cluster-2 |" in out
 
 
+def test_cluster_paths() -> None:
+    smoke("cluster_paths.py", timeout=60)
+
+
 def test_admin_views() -> None:
     out = smoke("admin_views.py", *BACKENDS, timeout=120)
     for part in ("### 1.", "### 2.", "### 3."):
