@@ -11,11 +11,16 @@ job's exchange topic). Modes, each its own process tree, one after the other:
   cluster-2   ``statefun run --workers 2`` (two workers on this machine)
 
 Per mode and job: records/s draining a backlog (``--records`` records over 4 partitions, read
-from the beginning; from the first output record to the last, plus one checkpoint interval)
-with the CPU each worker process and the broker spent per record meanwhile,
-then p50/p99 end-to-end latency at ``--rate`` records/s for ``--seconds``, with the CPU time
-of every worker process and of the broker (when this script started it) over that phase, as
-shares of one core. Every record must arrive once (``read_committed``).
+from the beginning; from the first commit of output records to the one that holds the last,
+plus one checkpoint interval) with the CPU each worker process and the broker spent per record
+meanwhile, then p50/p99 end-to-end latency at ``--rate`` records/s for ``--seconds``, with the
+CPU time of every worker process and of the broker (when this script started it, or
+``--broker-pid``) over that phase, as shares of one core.
+
+The drain is watched, not read: every 50 ms one ListOffsets request (``read_committed``: the
+output's last stable offsets) and the processes' CPU times from /proc. The output records are
+read once the ends stop moving, outside the timed window, and checked against the backlog:
+each record's output exactly once, and each key's counts 1..m (``read_committed``).
 
     .venv/bin/python bench/cluster.py                 # about 4 minutes
     .venv/bin/python bench/cluster.py --quick         # about 2 minutes
@@ -34,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,13 +56,23 @@ from bench._common import (  # noqa: E402
     smoke_banner,
     terminate,
 )
-from bench.kafka_e2e import KEYS, PARTITIONS, Reader, create_topics, feed, machine  # noqa: E402
+from bench.kafka_e2e import (  # noqa: E402
+    KEYS,
+    PARTITIONS,
+    KafkaAdminClient,
+    Reader,
+    create_topics,
+    feed,
+    machine,
+)
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 PYTHON = sys.executable
 FUNCTIONS = ROOT / "bench" / "_cluster_fns.py"
 MODES = {"single": 0, "cluster-1": 1, "cluster-2": 2}
 JOBS = {"one-hop": "bench/counter", "two-hop": "bench/hop"}
+#: how often the drain's watch samples the output's committed ends and the CPU times
+_WATCH_S = 0.05
 
 
 @dataclass
@@ -110,6 +126,8 @@ def start(
     command = [PYTHON, "-m", "statefun", "--log-level", args.log_level, "run", str(module)]
     command += ["--set", f"checkpoint_interval_ms={args.interval_ms}"]
     command += ["--set", f"dead_letter_path={folder / 'dead.jsonl'}"]
+    for setting in args.set or ():
+        command += ["--set", setting]
     if MODES[mode]:
         command += ["--workers", str(MODES[mode])]
         command += ["--set", f"cluster.bootstrap_servers={bootstrap}"]
@@ -126,11 +144,172 @@ def start(
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=folder)
 
 
+@dataclass
+class Sample:
+    """The output topic's committed ends and the CPU seconds spent so far, at one moment."""
+
+    at: float  # time.monotonic()
+    ends: list[int]  # the last stable offset of each output partition (read_committed)
+    cpu: list[float]  # each worker process (none before the first commit)
+    broker: float
+
+
+Output = tuple[int, int, bytes, bytes]  # partition, offset, key, value
+
+
+class Backlog:
+    """The backlog's records, to check each mode's outputs against (read once, before the
+    first mode: outside every timed window)."""
+
+    def __init__(self, bootstrap: str, topic: str, n: int) -> None:
+        self.topic = topic
+        reader = Reader(bootstrap, topic)
+        try:
+            ends = reader.consumer.end_offsets(reader.partitions)
+            records = read_to(reader, [ends[tp] for tp in reader.partitions])
+        finally:
+            reader.close()
+        expect(len(records) == n, f"the backlog holds {len(records)} of {n} records")
+        self.records = Counter((key, value) for _, _, key, value in records)
+        self.per_key = Counter(key for _, _, key, _ in records)
+
+    def check(self, tag: str, job: str, outputs: list[Output]) -> None:
+        """Each backlog record's output exactly once, counted once by its key's counter (the
+        outputs of a key of m records carry the counts 1..m): exactly-once state and output."""
+        suffix = b"x" if job == "two-hop" else b""  # the hop's counter key: ``<id>x``
+        seen: Counter[tuple[bytes, bytes]] = Counter()
+        counts: dict[bytes, list[int]] = {}
+        for _, _, key, value in outputs:
+            expect(key.endswith(suffix), f"{tag}: an output keyed {key!r}")
+            original = key[: len(key) - len(suffix)]
+            stamp, _, count = value.rpartition(b" ")
+            seen[(original, stamp)] += 1
+            counts.setdefault(original, []).append(int(count))
+        twice = sum(c - 1 for c in seen.values() if c > 1)
+        expect(twice == 0, f"{tag}: {twice} backlog records' outputs arrived twice")
+        missing = sum((self.records - seen).values())
+        expect(missing == 0, f"{tag}: {missing} backlog records' outputs are missing")
+        expect(seen == self.records, f"{tag}: outputs of no backlog record")
+        wrong = [k for k, m in self.per_key.items() if sorted(counts[k]) != [*range(1, m + 1)]]
+        expect(not wrong, f"{tag}: {len(wrong)} keys counted wrong, {wrong[:1]!r} first")
+
+
+def read_to(reader: Reader, ends: list[int]) -> list[Output]:
+    """``reader``'s records from where it is up to ``ends`` (one offset per partition)."""
+    consumer, partitions = reader.consumer, reader.partitions
+    records: list[Output] = []
+    deadline = time.monotonic() + 120
+    while any(consumer.position(tp) < end for tp, end in zip(partitions, ends, strict=True)):
+        expect(time.monotonic() < deadline, f"{partitions[0].topic}: not read up to {ends}")
+        for tp, batch in consumer.poll(timeout_ms=100, max_records=10_000).items():
+            records += [(tp.partition, r.offset, r.key, r.value) for r in batch]
+    return records
+
+
+class Group:
+    """Whether a clustered job's group is stable: every worker a member with its partitions
+    (a worker that joins later makes the group move the partitions: the drain is counted
+    from the first commit after the last such move)."""
+
+    def __init__(self, bootstrap: str, job_id: str, workers: int) -> None:
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap) if workers else None
+        self.group, self.workers = f"pystatefun.{job_id}", workers
+        self.members: list[str] = []
+
+    def stable(self) -> bool:
+        if self.admin is None:
+            return True
+        described = self.admin.describe_groups([self.group]).get(self.group) or {}
+        members = described.get("members") or []
+        assigned = [m for m in members if m.get("member_assignment")]
+        self.members = sorted(str(m.get("member_id")) for m in members)
+        return described.get("group_state") == "Stable" and len(assigned) == self.workers
+
+    def close(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+
+
+def watch_drain(
+    tag: str,
+    process: subprocess.Popen[bytes],
+    reader: Reader,
+    group: Group,
+    broker_pid: int | None,
+    args: argparse.Namespace,
+) -> tuple[list[Sample], int, list[Output]]:
+    """Every ``_WATCH_S``, the output topic's committed ends (one ListOffsets request) and the
+    CPU seconds of the processes, until the ends reach the backlog and stay put for two
+    checkpoint intervals; then the records up to there are read (after the drain: a reader
+    reading as they come would compete for the cores the drain is measured on), and the
+    watch goes on if some are missing. The samples, the index of the first one that saw the
+    group stable, and the records read."""
+    n, quiet_s = args.records, 2 * args.interval_ms / 1000
+    consumer, partitions = reader.consumer, reader.partitions
+    samples: list[Sample] = []
+    outputs: list[Output] = []
+    pids: list[int] = []
+    stable_at = -1
+    moved_at = 0.0
+    deadline = time.monotonic() + 90 + n / 300
+    while True:
+        expect(process.poll() is None, f"{tag}: exited {process.returncode}")
+        expect(time.monotonic() < deadline, f"{tag}: not drained before the deadline")
+        if not pids:  # every process of the job, once it runs
+            pids = children(process.pid) if group.workers else [process.pid]
+            pids = pids if len(pids) == max(group.workers, 1) else []
+        if stable_at < 0 and pids and group.stable():
+            stable_at = len(samples)
+        by_partition = consumer.end_offsets(partitions)
+        ends = [by_partition[tp] for tp in partitions]
+        sample = Sample(
+            time.monotonic(),
+            ends,
+            [cpu_seconds(p) for p in pids] if pids else [0.0] * max(group.workers, 1),
+            cpu_seconds(broker_pid) if broker_pid else 0.0,
+        )
+        if not samples or samples[-1].ends != ends:
+            moved_at = sample.at
+        samples.append(sample)
+        if sum(ends) >= n and sample.at - moved_at >= quiet_s:  # (ends count commit markers)
+            outputs += read_to(reader, ends)
+            if sum(1 for o in outputs if o[3][:1] == b"T") >= n:
+                expect(stable_at >= 0, f"{tag}: the group was never stable")
+                members = group.members
+                expect(group.stable() and group.members == members, f"{tag}: the group moved")
+                return samples, stable_at, outputs
+        time.sleep(_WATCH_S)
+
+
+def drain_figures(
+    samples: list[Sample], stable_at: int, outputs: list[Output]
+) -> tuple[float, list[float], float, int]:
+    """records/s, CPU microseconds per record of each worker process and of the broker, and
+    the records counted: those of the commits after the first commit of backlog records that
+    was seen once the group was stable, up to the sample that first saw the last of them
+    committed (the work of the commits counted is done between those two samples, about).
+    A backlog drained before the group was stable (as in --smoke) is counted from its first
+    commit, or the start."""
+    last: dict[int, int] = {}
+    for partition, offset, _, value in outputs:
+        if value[:1] == b"T":
+            last[partition] = max(offset, last.get(partition, -1))
+    end = next(i for i, s in enumerate(samples) if all(s.ends[p] > o for p, o in last.items()))
+    commits = [i for i in range(1, end) if samples[i].ends != samples[i - 1].ends]
+    stable = [i for i in commits if i >= stable_at]
+    first = (stable or commits or [0])[0]
+    start, stop = samples[first], samples[end]
+    counted = sum(1 for p, o, _, v in outputs if v[:1] == b"T" and o >= start.ends[p])
+    workers = [1e6 * (a - b) / counted for a, b in zip(stop.cpu, start.cpu, strict=True)]
+    broker = 1e6 * (stop.broker - start.broker) / counted
+    return counted / max(stop.at - start.at, 0.001), workers, broker, counted
+
+
 def run(
     mode: str,
     job: str,
     bootstrap: str,
-    backlog: str,
+    backlog: Backlog,
     broker_pid: int | None,
     args: argparse.Namespace,
     tmp: Path,
@@ -139,46 +318,22 @@ def run(
     live, out = f"{tag}-live", f"{tag}-out"
     create_topics(bootstrap, live, out)
     reader = Reader(bootstrap, out)
-    broker_start = cpu_seconds(broker_pid) if broker_pid else 0.0
-    process = start(mode, job, bootstrap, [backlog, live], out, tmp, args)
+    process = start(mode, job, bootstrap, [backlog.topic, live], out, tmp, args)
     n, want = args.records, int(args.rate * args.seconds)
-    arrivals: list[float] = []
     latencies: list[float] = []
-    seen = extra = first = 0
-    drain_pids: list[int] = []
-    drain_before: list[float] = []
-    broker_drain_before = 0.0
+    extra = 0
     feeder = None
     try:
         progress(f"[{tag}] backlog of {n:,}")
-        deadline = time.monotonic() + 90 + n / 300
-        while seen < n:
-            expect(process.poll() is None, f"{tag}: exited {process.returncode}, see {tmp}")
-            expect(time.monotonic() < deadline, f"{tag}: {seen} of {n} after the deadline")
-            got = sum(1 for value in reader.poll() if value[:1] == b"T")
-            if not got and arrivals and not drain_pids:
-                # The CPU of the drain is counted from here, once the first commit's records
-                # are read, to the last record: per record of the commits after the first.
-                drain_pids = children(process.pid) if MODES[mode] else [process.pid]
-                drain_before = [cpu_seconds(p) for p in drain_pids]
-                broker_drain_before = cpu_seconds(broker_pid) if broker_pid else 0.0
-                first = seen
-            if got:
-                seen += got
-                arrivals.append(time.monotonic())
-        if not drain_pids:  # the whole backlog in one commit: counted from its start
-            drain_pids = children(process.pid) if MODES[mode] else [process.pid]
-            drain_before, broker_drain_before, first = [0.0] * len(drain_pids), broker_start, 0
-        drain = max(arrivals[-1] - arrivals[0] + args.interval_ms / 1000, 0.001)
-        counted = max(n - first, 1)
-        drain_us = [
-            1e6 * (cpu_seconds(p) - b) / counted
-            for p, b in zip(drain_pids, drain_before, strict=True)
-        ]
-        broker_drain_us = (
-            1e6 * (cpu_seconds(broker_pid) - broker_drain_before) / counted if broker_pid else None
-        )
-        progress(f"[{tag}]   {n / drain:,.0f} records/s")
+        group = Group(bootstrap, out, MODES[mode])
+        try:
+            samples, stable_at, outputs = watch_drain(tag, process, reader, group, broker_pid, args)
+        finally:
+            group.close()
+        rate, drain_us, broker_drain_us, counted = drain_figures(samples, stable_at, outputs)
+        backlog.check(tag, job, [o for o in outputs if o[3][:1] == b"T"])
+        extra += sum(1 for o in outputs if o[3][:1] != b"T")
+        progress(f"[{tag}]   {rate:,.0f} records/s over {counted:,} records; every output once")
         pids = children(process.pid) if MODES[mode] else [process.pid]
         before = [cpu_seconds(p) for p in pids]
         broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
@@ -210,7 +365,7 @@ def run(
     result = Result(
         mode,
         job,
-        n / drain,
+        rate,
         percentile(ordered, 0.5),
         percentile(ordered, 0.99),
         cpu,
@@ -267,7 +422,11 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=32, help="cluster_partitions")
     parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
     parser.add_argument("--log-level", default="warning", help="of the runtime processes")
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a runtime setting, every mode"
+    )
     parser.add_argument("--bootstrap", help="an existing Kafka broker (default: start one)")
+    parser.add_argument("--broker-pid", type=int, help="the existing broker's pid (its CPU)")
     parser.add_argument(
         "--profile",
         metavar="DIR",
@@ -285,12 +444,13 @@ def main() -> int:
         progress(f"starting a Kafka {kafka_version()} broker")
     with broker, tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
         bootstrap = broker.bootstrap_servers
-        backlog = f"backlog-{uuid.uuid4().hex[:6]}"
-        create_topics(bootstrap, backlog)
+        topic = f"backlog-{uuid.uuid4().hex[:6]}"
+        create_topics(bootstrap, topic)
         progress(f"producing the backlog: {args.records:,} records")
-        expect(feed(bootstrap, backlog, args.records, 0, "T").wait() == 0, "the backlog failed")
+        expect(feed(bootstrap, topic, args.records, 0, "T").wait() == 0, "the backlog failed")
+        backlog = Backlog(bootstrap, topic, args.records)
         results = [
-            run(mode, job, bootstrap, backlog, broker.pid, args, Path(tmp))
+            run(mode, job, bootstrap, backlog, broker.pid or args.broker_pid, args, Path(tmp))
             for job in (args.only_job or list(JOBS))
             for mode in (args.only_mode or list(MODES))
         ]

@@ -48,6 +48,7 @@ from statefun.state.base import AddressKey, StateValues
 from statefun.state.memory import MemoryStateBackend
 
 __all__ = [
+    "AddressPartitions",
     "Restored",
     "TrackedMemoryState",
     "TrackedState",
@@ -97,6 +98,27 @@ class TrackedMemoryState(MemoryStateBackend):
             self._changed = {c for c in self._changed if c[0] != key_group}
 
 
+class AddressPartitions:
+    """The internal topics' partition of each address, computed once per address (a cut
+    places every message in flight by its address; under load most addresses come again at
+    the next cut). Bounded: forgotten whole when full, as the router's cache of key groups."""
+
+    def __init__(self, config: ClusterConfig, limit: int = 100_000) -> None:
+        self._parts, self._max_p = config.partitions, config.max_parallelism
+        self._limit = limit
+        self._known: dict[tuple[str, str], int] = {}
+
+    def of(self, typename: str, id_: str) -> int:
+        address = (typename, id_)
+        partition = self._known.get(address)
+        if partition is None:
+            if len(self._known) >= self._limit:
+                self._known.clear()
+            key_group = key_group_for(typename, id_, self._max_p)
+            partition = self._known[address] = key_group * self._parts // self._max_p
+        return partition
+
+
 class TrackedState(Protocol):
     """What ``changelog_rows`` reads of a state that remembers the addresses it wrote."""
 
@@ -111,6 +133,7 @@ def changelog_rows(
     timers: Iterable[DelayedEntry],
     partitions: Iterable[int],
     last_cuts: dict[int, bytes] | None = None,
+    addresses: AddressPartitions | None = None,
 ) -> list[Row]:
     """The changelog records of one checkpoint's cut, for the partitions this worker owns:
     the state of the addresses in ``changed`` as it is now, and each partition's cut.
@@ -118,7 +141,8 @@ def changelog_rows(
     ``last_cuts`` (partition -> the cut record's value this worker wrote last, kept by the
     caller across its checkpoints): a partition whose cut is the same again gets no new cut
     record (the changelog's latest is that one), so an idle partition is left out of the
-    transaction; the dict is updated with the cuts written."""
+    transaction; the dict is updated with the cuts written. ``addresses``: the caller's cache
+    of the partitions of addresses, kept across its checkpoints."""
     topic = config.changelog_topic
     owned = set(partitions)
     max_p, parts = config.max_parallelism, config.partitions
@@ -132,14 +156,15 @@ def changelog_rows(
         values = get(key_group, key)
         name = f"{partition}:s:{key_group}:{key[0]}{_SEPARATOR}{key[1]}"
         append((topic, name, _PACK(values_to_wire(values)) if values else None, None))
+    partition_of = (addresses or AddressPartitions(config)).of
     in_flight: dict[int, list[Envelope]] = {p: [] for p in owned}
     for envelope in messages:
-        partition = config.partition_of(key_group_for(envelope.typename, envelope.id, max_p))
+        partition = partition_of(envelope.typename, envelope.id)
         if partition in in_flight:
             in_flight[partition].append(envelope)
     delayed: dict[int, list[DelayedEntry]] = {p: [] for p in owned}
     for entry in timers:
-        partition = config.partition_of(key_group_for(*entry.sender, max_p))
+        partition = partition_of(*entry.sender)
         if partition in delayed:
             delayed[partition].append(entry)
     for partition in sorted(owned):

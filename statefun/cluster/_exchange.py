@@ -4,8 +4,13 @@
 ``InternalPartitioner`` reads it there (other topics, the Kafka egress's, keep Kafka's default
 partitioning), so the records go through the Kafka egress's bulk path unchanged.
 
-* exchange: key ``<partition>:<typename>\\x1f<id>``, value the message (msgpack, the
-  checkpoint's encoding of a message: ``checkpoint/_codec.py``);
+* exchange: key ``<partition>:m``, value a msgpack array of messages (each the checkpoint's
+  encoding of a message: ``checkpoint/_codec.py``), in the order they were sent, for key groups
+  of that partition. ``ExchangeBatches`` gathers a worker's messages per partition between
+  flushes (up to ``EXCHANGE_BATCH_BYTES`` a record): most of the cost of a message that crosses
+  workers is per Kafka record (the producer's append, the broker, the reader's decoding), so a
+  record carries many. A record is routed whole, in one loop step, by the worker that reads
+  it, so a cut never falls inside one and the committed offset is a record's;
 * changelog (``_changelog.py``): an address's state, a partition's cut.
 
 **A worker's transactions** (``WorkerTransactions``) are the Kafka egress's exactly-once sink
@@ -32,15 +37,17 @@ from statefun.egress.kafka import KafkaSink, Row
 from statefun.runtime._envelope import Envelope
 
 __all__ = [
+    "EXCHANGE_BATCH_BYTES",
+    "ExchangeBatches",
     "InternalPartitioner",
     "WorkerTransactions",
-    "decode_message",
-    "decode_messages",
+    "decode_exchange",
     "exchange_row",
     "partition_in_key",
 ]
 
-_SEPARATOR = "\x1f"
+#: an exchange record holds messages up to about this many bytes (a larger message goes alone)
+EXCHANGE_BATCH_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +58,74 @@ def partition_in_key(key: bytes) -> int:
 
 
 #: one packer for the event loop's encodings (``packb`` makes a packer per call)
-_PACK = msgpack.Packer(use_bin_type=True).pack
+_PACKER = msgpack.Packer(use_bin_type=True)
+_PACK = _PACKER.pack
+_ARRAY_HEADER = _PACKER.pack_array_header
+
+
+class ExchangeBatches:
+    """A worker's messages for the exchange, gathered per partition into records (pure: rows
+    out, in the order the messages came per partition)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self._topic = config.exchange_topic
+        parts, max_p = config.partitions, config.max_parallelism
+        #: key group -> its partition
+        self._partition = [kg * parts // max_p for kg in range(max_p)]
+        #: partition -> the packed messages gathered, and their bytes
+        self._open: dict[int, list[bytes]] = {}
+        self._bytes: dict[int, int] = {}
+
+    def add(self, key_group: int, envelope: Envelope) -> Row | None:
+        """Take ``envelope`` for ``key_group``; a record to write now when its partition's
+        batch is full."""
+        partition = self._partition[key_group]
+        packed = _PACK(envelope_row(envelope))
+        batch = self._open.get(partition)
+        if batch is None:
+            self._open[partition] = [packed]
+            self._bytes[partition] = len(packed)
+            return None
+        size = self._bytes[partition] + len(packed)
+        if size > EXCHANGE_BATCH_BYTES:
+            self._open[partition] = [packed]
+            self._bytes[partition] = len(packed)
+            return self._row(partition, batch)
+        batch.append(packed)
+        self._bytes[partition] = size
+        return None
+
+    def rows(self) -> list[Row]:
+        """The records of every batch gathered; the batches start again empty."""
+        if not self._open:
+            return []
+        batches, self._open, self._bytes = self._open, {}, {}
+        return [self._row(partition, messages) for partition, messages in batches.items()]
+
+    def _row(self, partition: int, messages: list[bytes]) -> Row:
+        return (
+            self._topic,
+            f"{partition}:m",
+            _ARRAY_HEADER(len(messages)) + b"".join(messages),
+            None,
+        )
 
 
 def exchange_row(config: ClusterConfig, key_group: int, envelope: Envelope) -> Row:
-    """``envelope``, for the worker that owns ``key_group``, as an exchange record."""
-    key = f"{key_group * config.partitions // config.max_parallelism}:{envelope.typename}"
-    return (
-        config.exchange_topic,
-        f"{key}{_SEPARATOR}{envelope.id}",
-        _PACK(envelope_row(envelope)),
-        None,
-    )
+    """``envelope`` alone, for the worker that owns ``key_group``, as an exchange record."""
+    batches = ExchangeBatches(config)
+    batches.add(key_group, envelope)
+    (row,) = batches.rows()
+    return row
 
 
-def decode_message(value: bytes) -> Envelope:
-    """An exchange record's value as the message it carries."""
-    return envelope_from_row(msgpack.unpackb(value, raw=False))
-
-
-def decode_messages(values: list[bytes]) -> list[Envelope]:
-    """Exchange records' values as their messages, in order (one unpacker for them all)."""
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1 << 20, 2 * sum(map(len, values))))
-    unpacker.feed(b"".join(values))
-    return [envelope_from_row(row) for row in unpacker]
+def decode_exchange(value: bytes) -> list[Envelope]:
+    """An exchange record's messages, in order. (A record of one message as its bare encoding,
+    as exchange records were before they carried batches, is read too.)"""
+    rows = msgpack.unpackb(value, raw=False)
+    if rows and isinstance(rows[0], str):  # one message: its first field is its typename
+        return [envelope_from_row(rows)]
+    return [envelope_from_row(row) for row in rows]
 
 
 class InternalPartitioner(KeyPartitioner):

@@ -35,7 +35,7 @@ from typing import Any
 
 from statefun._kafka import import_kafka
 from statefun.cluster._config import ClusterConfig
-from statefun.cluster._exchange import decode_messages
+from statefun.cluster._exchange import decode_exchange
 from statefun.ingress.base import IngressContext, Source
 from statefun.runtime._envelope import Envelope
 
@@ -64,14 +64,14 @@ class ExchangeSource(Source):
     async def run(self, context: IngressContext) -> None:
         positions, send, has_room = self.positions, self._send, context.has_room
         while True:
-            records = await self.queue.get()
-            messages = decode_messages([record.value for record in records])
-            for record, message in zip(records, messages, strict=True):
+            for record in await self.queue.get():
+                messages = decode_exchange(record.value)
                 if not has_room():
                     await context.room()
-                send(message)
+                for message in messages:  # a record whole, in one step: no cut inside it
+                    send(message)
                 positions[record.partition] = record.offset + 1
-            self.routed += len(records)
+                self.routed += len(messages)
 
     def snapshot_position(self) -> Any:
         return dict(self.positions)

@@ -45,7 +45,7 @@ from statefun.checkpoint._codec import encode_envelopes, encode_timers
 from statefun.checkpoint.storage import CUT_FILE, FORMAT_VERSION, CheckpointStorage
 from statefun.cluster._changelog import Restored, decode_records, read_changelog
 from statefun.cluster._config import ClusterConfig, cluster_config
-from statefun.cluster._exchange import decode_message
+from statefun.cluster._exchange import decode_exchange
 from statefun.cluster._kafka_admin import open_admin
 from statefun.cluster._key_savepoints import export_keys, http_ingress_ids
 from statefun.module._specs import KafkaIngressSpec, ModuleSpec
@@ -177,7 +177,7 @@ def _exchange_tail(config: ClusterConfig, committed: dict[tuple[str, int], int])
                 )
             for tp, records in reader.poll(timeout_ms=200, max_records=10_000).items():
                 by_partition.setdefault(tp.partition, []).extend(
-                    decode_message(r.value) for r in records
+                    message for r in records for message in decode_exchange(r.value)
                 )
     finally:
         reader.close(autocommit=False)

@@ -41,9 +41,14 @@ from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster._admin import WorkerAdmin
 from statefun.cluster._carry import Carried, carry_cut, changelog_ends
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows, restore_partitions
+from statefun.cluster._changelog import (
+    AddressPartitions,
+    TrackedMemoryState,
+    changelog_rows,
+    restore_partitions,
+)
 from statefun.cluster._config import ClusterConfig
-from statefun.cluster._exchange import WorkerTransactions, exchange_row
+from statefun.cluster._exchange import ExchangeBatches, WorkerTransactions
 from statefun.cluster._http_ingress import EpochHttp, WorkerHttp, http_ingresses
 from statefun.cluster._ingress import ClusteredKafkaSource
 from statefun.cluster._key_retention import KeySweep
@@ -102,6 +107,11 @@ class ForwardingKafkaSink(KafkaSink):
 class Outbound:
     """The router's subtask for key groups other workers own: to the exchange.
 
+    Its messages are gathered per exchange partition (``ExchangeBatches``) and written to the
+    transaction as records at each ``flush``: every tick of the checkpoint loop and at every
+    cut, before the cut is sealed, so a message sent before a cut is in that cut's
+    transaction.
+
     A message sent here has left this worker, so it leaves the in-flight counts the router
     added - in the next loop step, not inside ``offer``: ``Router.emit_many`` keeps the counts
     in locals while it routes and writes them back after, so a release inside ``offer`` would
@@ -109,15 +119,15 @@ class Outbound:
 
     def __init__(self, job: Job, config: ClusterConfig, transactions: Any) -> None:
         self._job = job
-        self._config = config
+        self._batches = ExchangeBatches(config)
         self._transactions = transactions
         self._remote: dict[str, bool] = {}
         self._owed = [0, 0]  # messages left, not released yet: embedded, remote
-        self.sent = 0
 
     def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None:
-        self._transactions.write_rows([exchange_row(self._config, key_group, envelope)])
-        self.sent += 1
+        full = self._batches.add(key_group, envelope)
+        if full is not None:
+            self._transactions.write_rows([full])
         remote = self._remote.get(envelope.typename)
         if remote is None:
             function = self._job.functions.resolve(envelope.typename)
@@ -126,6 +136,12 @@ class Outbound:
         if owed[0] == owed[1] == 0:
             asyncio.get_running_loop().call_soon(self._release)
         owed[remote] += 1
+
+    def flush(self) -> None:
+        """The messages gathered, into the transaction."""
+        rows = self._batches.rows()
+        if rows:
+            self._transactions.write_rows(rows)
 
     def _release(self) -> None:
         embedded, remote = self._owed
@@ -179,8 +195,11 @@ class Epoch:
         self._last_cut_empty = False
         #: partition -> its cut record as this epoch last wrote it (an equal one is not written)
         self._last_cuts: dict[int, bytes] = {}
+        #: the partitions of the addresses of messages in flight at the cuts
+        self._addresses = AddressPartitions(config)
         self.job: Job | None = None
         self.source: ExchangeSource | None = None
+        self.outbound: Outbound | None = None
         self._forwarders: list[ForwardingKafkaSink] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self.committed = 0
@@ -222,7 +241,8 @@ class Epoch:
             source.start_at(starts)
         mine = set(owned)
         others = [kg for kg in range(self.config.max_parallelism) if kg not in mine]
-        job.router.reroute(others, Outbound(job, self.config, self.transactions))
+        self.outbound = Outbound(job, self.config, self.transactions)
+        job.router.reroute(others, self.outbound)
         kept = await self._kept()
         rest = [p for p in self.partitions if p not in kept]
         if self.local is not None:  # into RocksDB: caught up from its marks, or read whole
@@ -303,8 +323,7 @@ class Epoch:
         next_at, ended, cpu = loop.time() + interval, loop.time(), 0.0
         while True:
             await asyncio.sleep(_TICK_S)
-            for forwarder in self._forwarders:
-                forwarder.forward()
+            self._forward()
             now = loop.time()
             early = bool(idle) and job.pending == 0 and self.transactions.unsealed() > 0
             # HTTP requests waiting for a commit: group commit, as replies in one process
@@ -315,6 +334,13 @@ class Epoch:
             started = time.process_time()
             await self.checkpoint()
             ended, cpu = loop.time(), time.process_time() - started
+
+    def _forward(self) -> None:
+        """The egresses' records and the exchange messages gathered, into the transaction."""
+        for forwarder in self._forwarders:
+            forwarder.forward()
+        if self.outbound is not None:
+            self.outbound.flush()
 
     async def _kept(self) -> list[int]:
         """The partitions to take from the carried cut (their changelog unchanged since)."""
@@ -354,8 +380,7 @@ class Epoch:
         async with self._lock:
             if job.failed:
                 raise JobFailedError("the job failed: no checkpoint is taken after a failure")
-            for forwarder in self._forwarders:
-                forwarder.forward()
+            self._forward()
             http = None if self.http_link is None else self.http_link.cut(self.config)
             changed = self.state.take_changed()
             local_cut = self.local.cut() if self.local is not None else None
@@ -389,7 +414,14 @@ class Epoch:
                 await self._carry_ends(cut)
                 return False
             rows = changelog_rows(
-                self.config, self.state, changed, messages, timers, self.partitions, self._last_cuts
+                self.config,
+                self.state,
+                changed,
+                messages,
+                timers,
+                self.partitions,
+                self._last_cuts,
+                self._addresses,
             )
             self.transactions.write_rows(rows)
             kafka = import_kafka()

@@ -152,6 +152,10 @@ def test_idempotency_keys(bootstrap: str) -> None:
     assert "| messages keyed | " in out and "x single)" in out, out
 
 
+def test_cluster_paths() -> None:
+    smoke("cluster_paths.py", timeout=60)
+
+
 def test_admin_views() -> None:
     out = smoke("admin_views.py", *BACKENDS, timeout=120)
     for part in ("### 1.", "### 2.", "### 3."):

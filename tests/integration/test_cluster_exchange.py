@@ -16,7 +16,7 @@ import pytest
 from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
-from statefun.cluster._exchange import WorkerTransactions, decode_message, exchange_row
+from statefun.cluster._exchange import WorkerTransactions, decode_exchange, exchange_row
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._types import TypedValue
 
@@ -135,7 +135,7 @@ def test_messages_commit_with_the_consumed_offsets(
         for kg in range(config.max_parallelism)
     )
     assert seen == expected
-    assert repr(decode_message(seen[0][1])) == repr(_message(0))
+    assert [repr(m) for m in decode_exchange(seen[0][1])] == [repr(_message(0))]
     committed = members[0].committed(TopicPartition(config.exchange_topic, 1))
     assert committed == 2
 

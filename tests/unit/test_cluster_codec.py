@@ -1,5 +1,5 @@
-"""The clustered job's record encodings on the hot path: exchange messages decoded in bulk,
-and changelog cut records left out when unchanged."""
+"""The clustered job's record encodings on the hot path: exchange messages gathered into
+records, and changelog cut records left out when unchanged."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ import msgpack
 
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
-from statefun.cluster._changelog import TrackedMemoryState, changelog_rows
+from statefun.checkpoint._codec import envelope_row
+from statefun.cluster._changelog import AddressPartitions, TrackedMemoryState, changelog_rows
 from statefun.cluster._config import ClusterConfig, cluster_config
-from statefun.cluster._exchange import decode_message, decode_messages, exchange_row
+from statefun.cluster._exchange import (
+    EXCHANGE_BATCH_BYTES,
+    ExchangeBatches,
+    decode_exchange,
+    exchange_row,
+    partition_in_key,
+)
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._spec import SdkAddress
 from statefun.sdk._types import TypedValue
@@ -36,24 +43,53 @@ def _message(n: int, caller: bool) -> Envelope:
     return Envelope("ns/to", f"id-{n}", value or TypedValue("t/none", None), address)
 
 
-def test_decode_messages_equals_one_by_one() -> None:
+def test_exchange_batches_keep_each_partitions_messages_in_order() -> None:
+    config = _config()  # 8 partitions of 128 key groups
+    batches = ExchangeBatches(config)
+    sent: dict[int, list[str]] = {}
+    for n in range(300):
+        key_group = (n * 37) % config.max_parallelism
+        assert batches.add(key_group, _message(n, n % 2 == 0)) is None  # (small: none full)
+        sent.setdefault(config.partition_of(key_group), []).append(repr(_message(n, n % 2 == 0)))
+    rows = batches.rows()
+    assert batches.rows() == []  # taken
+    assert sorted(key for _, key, _, _ in rows) == sorted(f"{p}:m" for p in sent)
+    for topic, key, value, headers in rows:
+        assert topic == config.exchange_topic and headers is None
+        assert [repr(m) for m in decode_exchange(value)] == sent[partition_in_key(key.encode())]
+
+
+def test_a_full_exchange_batch_is_a_record_of_its_own() -> None:
     config = _config()
-    values = [exchange_row(config, n % 128, _message(n, n % 2 == 0))[2] for n in range(300)]
-    assert [repr(m) for m in decode_messages(values)] == [repr(decode_message(v)) for v in values]
-    assert [repr(m) for m in decode_messages(values)] == [
-        repr(_message(n, n % 2 == 0)) for n in range(300)
-    ]
-    assert decode_messages([]) == []
+    batches = ExchangeBatches(config)
+    value = TypedValue("t/b", b"v" * 1000)
+    full = []
+    for n in range(200):  # ~1 kB each: 64 kB fill a record
+        row = batches.add(0, Envelope("ns/to", f"id-{n}", value, None))
+        if row is not None:
+            full.append(row)
+    assert full and all(len(row[2]) <= EXCHANGE_BATCH_BYTES for row in full)
+    ids = [m.id for row in [*full, *batches.rows()] for m in decode_exchange(row[2])]
+    assert ids == [f"id-{n}" for n in range(200)]
     big = Envelope("ns/to", "x", TypedValue("t/b", b"x" * 3_000_000), None)
-    assert decode_messages([exchange_row(config, 0, big)[2]])[0].value.value == b"x" * 3_000_000
+    assert batches.add(0, big) is None
+    (alone,) = batches.rows()
+    assert decode_exchange(alone[2])[0].value.value == b"x" * 3_000_000
+
+
+def test_an_exchange_record_of_one_bare_message_is_read() -> None:
+    message = _message(3, True)
+    bare = msgpack.packb(envelope_row(message), use_bin_type=True)
+    assert [repr(m) for m in decode_exchange(bare)] == [repr(message)]
 
 
 def test_exchange_row_names_the_partition_of_its_key_group() -> None:
     config = _config()
     for key_group in range(config.max_parallelism):
-        topic, key, _, _ = exchange_row(config, key_group, _message(1, True))
+        topic, key, value, _ = exchange_row(config, key_group, _message(1, True))
         assert topic == config.exchange_topic
-        assert key == f"{config.partition_of(key_group)}:ns/to\x1fid-1"
+        assert key == f"{config.partition_of(key_group)}:m"
+        assert [repr(m) for m in decode_exchange(value)] == [repr(_message(1, True))]
 
 
 def _cuts(rows: list[tuple[str, str, bytes, object]]) -> dict[str, bytes]:
@@ -96,3 +132,11 @@ def test_changed_state_is_written_with_the_addresses_values() -> None:
     assert set(states) == {"0:s:3:ns/to\x1fa", "0:s:3:ns/to\x1fc"}  # partition 6 not owned
     assert states["0:s:3:ns/to\x1fc"] is None  # a tombstone: compaction deletes the key
     assert state.take_changed() == set()
+
+
+def test_address_partitions_are_the_key_groups_partitions() -> None:
+    config = _config()
+    addresses = AddressPartitions(config, limit=50)  # forgotten twice over
+    for n in [*range(120), *range(120)]:
+        expected = config.partition_of(key_group_for("ns/to", f"id-{n}", config.max_parallelism))
+        assert addresses.of("ns/to", f"id-{n}") == expected
