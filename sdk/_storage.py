@@ -5,6 +5,10 @@ ValueSpec, so ``context.storage.count`` is a plain attribute access. A batch sta
 typed values the runtime sent; reads decode lazily (immutable built-in values are decoded once
 per batch), writes encode at once (a bad value fails where it is assigned), and only the names
 that were written or deleted are reported back as mutations.
+
+Copy on write: a storage never changes the dict of values it was given (the runtime passes the
+state's own dict). Its first write copies it; the copy, ``_values`` from then on, holds the
+writes, and ``_dirty`` (empty: ``UNWRITTEN``, until then) the names written.
 """
 
 from __future__ import annotations
@@ -26,12 +30,21 @@ from statefun.sdk._types import (
     _WrapperSerializer,
 )
 
-__all__ = ["AddressStorage", "make_storage_class", "storage_mutations", "unknown_state_hint"]
+__all__ = [
+    "UNWRITTEN",
+    "AddressStorage",
+    "make_storage_class",
+    "storage_mutations",
+    "unknown_state_hint",
+]
 
 _MISSING: Any = object()
 #: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
 _NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
+#: the ``_dirty`` of a storage that has written nothing: its ``_values`` are still the dict it
+#: was given, which it never changes (its first write copies them and starts a list)
+UNWRITTEN: Any = ()
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -60,12 +73,14 @@ class AddressStorage:
     _specs: Mapping[str, ValueSpec] = {}
 
     def __init__(self, typename: str, values: dict[str, Any]) -> None:
-        # values: state name -> typed value (anything with typename/has_value/value) or None
+        # values: state name -> typed value (anything with typename/has_value/value) or None;
+        # never changed here: the first write copies them (see ``UNWRITTEN``)
         # (the runtime's slice loop, statefun/runtime/_batch.py, sets these four itself)
         self._typename = typename
         self._values = values
         self._cache: dict[str, Any] = {}
-        self._dirty: list[str] = []
+        #: the names written or deleted, in order; ``UNWRITTEN`` until the first
+        self._dirty: list[str] = UNWRITTEN
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -146,16 +161,27 @@ def _make_property(spec: ValueSpec) -> property:
                 self._cache[name] = value
             else:
                 self._cache.pop(name, None)
-        self._values[name] = typed
         dirty = self._dirty
-        if name not in dirty:
-            dirty.append(name)
+        if dirty:
+            self._values[name] = typed
+            if name not in dirty:
+                dirty.append(name)
+        else:  # the first write: the values given stay as they are (copy on write)
+            values = self._values = self._values.copy()
+            values[name] = typed
+            self._dirty = [name]
 
     def fdel(self: AddressStorage) -> None:
-        self._values[name] = None
         self._cache[name] = None
-        if name not in self._dirty:
-            self._dirty.append(name)
+        dirty = self._dirty
+        if dirty:
+            self._values[name] = None
+            if name not in dirty:
+                dirty.append(name)
+        else:
+            values = self._values = self._values.copy()
+            values[name] = None
+            self._dirty = [name]
 
     return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
 

@@ -38,6 +38,7 @@ from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, Embedde
 from statefun.sdk._context import NOTHING_SENT, DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
+from statefun.sdk._storage import UNWRITTEN
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state.base import AddressKey
@@ -95,6 +96,8 @@ class _Plan:
 
 
 _new_object = object.__new__
+#: the values of an address without state (the storage never changes the dict it is given)
+_NO_VALUES: dict[str, Any] = {}
 
 #: a function type the slice loop hands to the per-message path
 _ELSEWHERE: Any = object()
@@ -213,22 +216,24 @@ class InboxSlices:
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
                     continue
-                # -- prepare: the values (a copy), the storage and the context
+                # -- prepare: the values, the storage and the context
                 stored = last_values if key == last_key else get(key_group, key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
                 else:
                     now = 0
-                    # (a dict's own copy costs less than dict() of it)
-                    values = stored.copy() if type(stored) is dict else dict(stored or ())
+                    # the state's own dict: the storage copies it at its first write
+                    if type(stored) is not dict:
+                        stored = dict(stored) if stored else _NO_VALUES
+                    values = stored
                 # the storage and the context as their __init__ makes them, without its call
                 # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``)
                 storage = _new_object(plan.storage_class)
                 storage._typename = typename
                 storage._values = values
                 storage._cache = {}
-                storage._dirty = []
+                storage._dirty = UNWRITTEN
                 context = _new_object(InvocationContext)
                 context._address = key
                 context._storage = storage
@@ -263,7 +268,13 @@ class InboxSlices:
                 stats.invocations += 1
                 dirty = storage._dirty
                 if dirty or plan.has_ttl:
-                    new = values.copy()  # (the storage may be kept past the call: a copy)
+                    if plan.has_ttl:  # (the storage may be kept past the call: a copy)
+                        new = storage._values.copy()
+                    else:
+                        # the copy the storage made at its first write, from now on the
+                        # state's: the storage's next write (kept past the call) copies again
+                        new = storage._values
+                        storage._dirty = UNWRITTEN
                     for name in dirty:  # a deleted state is None in values
                         if new.get(name, _ELSEWHERE) is None:
                             del new[name]

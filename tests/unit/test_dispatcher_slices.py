@@ -366,6 +366,40 @@ def test_an_address_the_timeline_records_is_recorded_while_the_others_run_in_sli
 kept: list[Context] = []
 
 
+#: the storage of an earlier invocation of t/late, kept past its call
+late_storage: list[Any] = []
+
+
+@functions.bind(typename="t/late", specs=[ValueSpec(name="n", type=IntType)])
+def late(context: Context, message: Message) -> None:
+    """``keep``: writes n = 1 and keeps the storage; ``late``: writes n = 99 through the
+    storage kept (after its invocation ended: that write must change no state)."""
+    if message.as_string() == "keep":
+        context.storage.n = 1
+        late_storage.append(context.storage)
+    else:
+        late_storage[0].n = 99
+        late_storage[0].n = 98  # (a second write: no longer the first)
+        context.storage.n = (context.storage.n or 0) + 10
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_storage_kept_past_its_call_changes_no_state(module: Path, batched: bool) -> None:
+    Dispatcher.batched = batched
+    late_storage.clear()
+    with JobHarness(module, checkpoints=True) as job:
+        job.send("t/late", "a", "keep")
+        job.send("t/late", "a", "late")  # the same address, in the same slice
+        job.send("t/late", "b", "late")
+        job.run_until_idle()
+        assert job.state("t/late", "a") == {"n": 11}
+        assert job.state("t/late", "b") == {"n": 10}
+        job.checkpoint()
+        late_storage[0].n = 7  # between invocations, then a crash: the checkpoint holds 11
+        job.crash_and_restore()
+        assert job.state("t/late", "a") == {"n": 11}
+
+
 @functions.bind(typename="t/keep", specs=[ValueSpec(name="n", type=IntType)])
 def keep(context: Context, message: Message) -> None:
     kept.append(context)
