@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection
+from sys import getrefcount
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,16 @@ class _Plan:
 _new_object = object.__new__
 #: the values of an address without state (the storage never changes the dict it is given)
 _NO_VALUES: dict[str, Any] = {}
+
+
+def _alone() -> int:
+    """What ``getrefcount`` tells of an object that one local variable alone holds."""
+    held = _Plan.__new__(_Plan)
+    return getrefcount(held)
+
+
+#: (2 on CPython 3.11 to 3.13: the local and the call's argument)
+_ALONE = _alone()
 
 #: a function type the slice loop hands to the per-message path
 _ELSEWHERE: Any = object()
@@ -186,6 +197,13 @@ class InboxSlices:
 
         last_egress: str | None = None  # the egress id of ``records``, the list appended to
         records: list[Any] = []
+        # the previous invocation's objects (None: none yet; never reused)
+        storage: Any = None
+        context: Any = None
+        message: Any = None
+        refs = getrefcount
+        alone = _ALONE
+        alone_in_context = alone + 1  # (a storage: the local and its context's field)
 
         def flush() -> None:
             nonlocal last_egress
@@ -228,21 +246,36 @@ class InboxSlices:
                         stored = dict(stored) if stored else _NO_VALUES
                     values = stored
                 # the storage and the context as their __init__ makes them, without its call
-                # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``)
-                storage = _new_object(plan.storage_class)
-                storage._typename = typename
+                # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``): the
+                # previous invocation's objects, made as new, where nothing but this loop holds
+                # them any more (a local's count; the storage's, plus its context's), so that
+                # no code can tell them from new ones (as CPython's zip() reuses its tuple)
+                if refs(context) == alone:
+                    if refs(storage) == alone_in_context and type(storage) is plan.storage_class:
+                        cache = storage._cache
+                        if cache:
+                            cache.clear()
+                    else:
+                        storage = _new_object(plan.storage_class)
+                        storage._typename = typename
+                        storage._cache = {}
+                        context._storage = storage
+                else:
+                    storage = _new_object(plan.storage_class)
+                    storage._typename = typename
+                    storage._cache = {}
+                    context = _new_object(InvocationContext)
+                    context._storage = storage
                 storage._values = values
-                storage._cache = {}
                 storage._dirty = UNWRITTEN
-                context = _new_object(InvocationContext)
                 context._address = key
-                context._storage = storage
                 context._caller = envelope.caller
                 context.messages = context.delayed = context.egress = NOTHING_SENT
                 value = envelope.value
                 id_ = key[1]
                 if id_ and value is not None:  # what Message() checks (the typename: a plan's)
-                    message = _new_object(Message)
+                    if refs(message) != alone:
+                        message = _new_object(Message)
                     message.target_typename = typename
                     message.target_id = id_
                     message.typed_value = value

@@ -400,6 +400,50 @@ def test_a_storage_kept_past_its_call_changes_no_state(module: Path, batched: bo
         assert job.state("t/late", "a") == {"n": 11}
 
 
+#: what t/hold kept of its invocations: (what, the object, what it showed then)
+held: list[tuple[str, Any, Any]] = []
+
+
+@functions.bind(typename="t/hold", specs=[ValueSpec(name="n", type=IntType)])
+def hold(context: Context, message: Message) -> None:
+    """Counts, then keeps what the message names: the context, the storage or the message
+    (the slice loop may reuse an invocation's objects only when nothing else holds them)."""
+    word = message.as_string() or ""
+    n = context.storage.n = (context.storage.n or 0) + 1
+    context.send_egress(egress_message_builder(OUT, f"{word}{n}", StringType))
+    if word == "context":
+        held.append((word, context, (context.address.id, n, len(context.egress))))
+    elif word == "storage":
+        held.append((word, context.storage, n))
+    elif word == "message":
+        held.append((word, message, (message.target_id, message.as_string())))
+
+
+def _showing(what: str, kept: Any) -> Any:
+    if what == "context":
+        return (kept.address.id, kept.storage.n, len(kept.egress))
+    if what == "storage":
+        return kept.n
+    return (kept.target_id, kept.as_string())
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_what_a_function_keeps_of_an_invocation_stays_as_it_was(
+    module: Path, batched: bool
+) -> None:
+    Dispatcher.batched = batched
+    held.clear()
+    with JobHarness(module) as job:
+        for round_ in range(3):
+            for id_ in ("a", "b", "c"):
+                for word in ("context", "x", "storage", "y", "message", "z"):
+                    job.send("t/hold", f"{id_}{round_ % 2}", word)
+            job.run_until_idle()
+    assert len(held) == 27
+    for what, kept, then in held:
+        assert _showing(what, kept) == then, what
+
+
 @functions.bind(typename="t/keep", specs=[ValueSpec(name="n", type=IntType)])
 def keep(context: Context, message: Message) -> None:
     kept.append(context)
