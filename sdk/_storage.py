@@ -122,18 +122,19 @@ def _make_property(spec: ValueSpec) -> property:
         else:
             data = typed.value
             if len(data) == size and data[0] == tag:
-                value = unpack(data, 1)[0]
-            else:
-                try:
-                    value = decode(data)
-                    if value is _SLOW:
-                        value = deserialize(data)
-                except Exception as exc:
-                    raise ValueDecodeError(
-                        f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
-                        f"are not a valid {typename}: {type(exc).__name__}: "
-                        f"{' '.join(str(exc).split())}"
-                    ) from exc
+                # a fixed-width integer: decoded at once, as cheaply as a cache's lookup, so
+                # not cached (an invocation that reads and writes one makes no cache entry)
+                return unpack(data, 1)[0]
+            try:
+                value = decode(data)
+                if value is _SLOW:
+                    value = deserialize(data)
+            except Exception as exc:
+                raise ValueDecodeError(
+                    f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
+                    f"are not a valid {typename}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}"
+                ) from exc
         if cacheable or value is None:
             cache[name] = value
         return value
@@ -144,7 +145,9 @@ def _make_property(spec: ValueSpec) -> property:
         typed.has_value = True
         if type(value) is int and 0 < value <= high:  # (then reads_back_as is int)
             typed.value = pack(tag, value)
-            self._cache[name] = value
+            cache = self._cache
+            if cache:  # (read back from its bytes: see fget)
+                cache.pop(name, None)
         else:
             if value is None:
                 raise ValueError(
