@@ -43,6 +43,7 @@ from statefun.sdk._storage import UNWRITTEN
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state.base import AddressKey
+from statefun.state.memory import MemoryStateBackend
 
 if TYPE_CHECKING:
     from statefun.runtime._dispatcher import DispatcherJob
@@ -181,6 +182,9 @@ class InboxSlices:
         plans = self._plans
         state = job.state
         get, put = state.get, state.put
+        # the memory backend's dicts, read and written here without a call of its get and
+        # put (what they do, for the common case: see MemoryStateBackend)
+        memory = state if type(state) is MemoryStateBackend else None
         state_types = job.state_types
         sample_mask = self._sample_mask
         popleft = inbox.popleft
@@ -235,7 +239,13 @@ class InboxSlices:
                     done += self._dispatch(envelope, key_group, key)
                     continue
                 # -- prepare: the values, the storage and the context
-                stored = last_values if key == last_key else get(key_group, key)
+                if key == last_key:
+                    stored = last_values
+                elif memory is not None:
+                    group = memory._groups.get(key_group)
+                    stored = None if group is None else group.get(key)
+                else:
+                    stored = get(key_group, key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
@@ -313,7 +323,14 @@ class InboxSlices:
                             del new[name]
                     if plan.has_ttl:
                         new = with_deadlines(new, plan.specs, dirty, now)
-                    put(key_group, key, new)
+                    if memory is not None and new and not memory._shared:
+                        group = memory._groups.get(key_group)
+                        if group is None:
+                            put(key_group, key, new)
+                        else:
+                            group[key] = new
+                    else:
+                        put(key_group, key, new)
                     state_types.add(typename)
                     last_values = new
                 else:

@@ -33,6 +33,10 @@ from statefun import (
     egress_message_builder,
     message_builder,
 )
+from statefun._keygroups import key_group_for
+from statefun._settings import Settings
+from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
+from statefun.runtime import Job
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timeline import Timeline
@@ -473,3 +477,43 @@ def test_the_slice_loop_makes_the_context_and_storage_their_init_makes(module: P
     assert _fields(context) == _fields(made)
     assert _fields(storage) == _fields(type(storage)("t/keep", dict(storage._values)))
     assert context.egress is made.egress and context.messages is made.messages
+
+
+@functions.bind(typename="t/add", specs=[ValueSpec(name="n", type=IntType)])
+def add(context: Context, message: Message) -> None:
+    context.storage.n = (context.storage.n or 0) + 1
+
+
+def test_a_snapshot_keeps_its_cut_while_the_slice_loop_writes_on() -> None:
+    """The slice loop writes the memory backend's dicts itself while no snapshot shares
+    them, and through ``put`` (which copies a shared group first) while one does."""
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("t", "add"), f"{__name__}:functions")
+    job = Job(ModuleSpec(endpoints=(endpoint,)), Settings.load({}, environ={}), sources=[])
+    ids = [f"k{i}" for i in range(50)]
+
+    def send_all() -> None:
+        for id_ in ids:
+            job.send(Envelope("t/add", id_, to_typed_value(StringType, "x"), None))
+        for dispatcher in job.dispatchers:
+            while dispatcher.inbox:
+                dispatcher._run_slice(dispatcher.inbox, 7)
+
+    def counts(groups: Any) -> list[int | None]:
+        found = []
+        for id_ in ids:
+            group = groups(key_group_for("t/add", id_, job.settings.max_parallelism))
+            values = (group or {}).get(("t/add", id_))
+            found.append(
+                None if values is None else IntType.serializer().deserialize(values["n"].value)
+            )
+        return found
+
+    send_all()
+    snapshot = job.state.snapshot()
+    send_all()
+    send_all()
+    assert counts(snapshot._groups.get) == [1] * len(ids)  # the cut
+    assert counts(job.state._groups.get) == [3] * len(ids)
+    snapshot.release()
+    send_all()
+    assert counts(job.state._groups.get) == [4] * len(ids)
