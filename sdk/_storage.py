@@ -8,7 +8,7 @@ that were written or deleted are reported back as mutations.
 
 Copy on write: a storage never changes the dict of values it was given (the runtime passes the
 state's own dict). Its first write copies it; the copy, ``_values`` from then on, holds the
-writes, and ``_dirty`` (empty: ``UNWRITTEN``, until then) the names written.
+writes, and ``_dirty`` (a tuple, empty: ``UNWRITTEN``, until then) the names written.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
 #: the ``_dirty`` of a storage that has written nothing: its ``_values`` are still the dict it
 #: was given, which it never changes (its first write copies them and starts a list)
-UNWRITTEN: Any = ()
+UNWRITTEN: tuple[str, ...] = ()
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -80,7 +80,7 @@ class AddressStorage:
         self._values = values
         self._cache: dict[str, Any] = {}
         #: the names written or deleted, in order; ``UNWRITTEN`` until the first
-        self._dirty: list[str] = UNWRITTEN
+        self._dirty: tuple[str, ...] = UNWRITTEN
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -104,6 +104,7 @@ def _make_property(spec: ValueSpec) -> property:
     pack, unpack = fixed.fixed_pack, fixed.fixed_unpack
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
+    written = (name,)  # the ``_dirty`` of a storage whose first write is this state's
 
     def fget(self: AddressStorage) -> Any:
         cache = self._cache
@@ -168,11 +169,11 @@ def _make_property(spec: ValueSpec) -> property:
         if dirty:
             self._values[name] = typed
             if name not in dirty:
-                dirty.append(name)
+                self._dirty = (*dirty, name)
         else:  # the first write: the values given stay as they are (copy on write)
             values = self._values = self._values.copy()
             values[name] = typed
-            self._dirty = [name]
+            self._dirty = written  # (name,), made once
 
     def fdel(self: AddressStorage) -> None:
         self._cache[name] = None
@@ -180,11 +181,11 @@ def _make_property(spec: ValueSpec) -> property:
         if dirty:
             self._values[name] = None
             if name not in dirty:
-                dirty.append(name)
+                self._dirty = (*dirty, name)
         else:
             values = self._values = self._values.copy()
             values[name] = None
-            self._dirty = [name]
+            self._dirty = written
 
     return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
 

@@ -64,7 +64,7 @@ InboxEntry = tuple[Envelope, int, AddressKey]
 
 
 def with_deadlines(
-    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
+    values: dict[str, Any], specs: dict[str, StateSpec], written: Collection[str], now: int
 ) -> dict[str, Any]:
     """Set the expiration of each TTL state: after a write, or after any call."""
     for name, spec in specs.items():
