@@ -207,7 +207,7 @@ class InboxSlices:
         message: Any = None
         refs = getrefcount
         alone = _ALONE
-        alone_in_context = alone + 1  # (a storage: the local and its context's field)
+        alone_in_context = alone + 2  # (a storage: the local and its context's two fields)
 
         def flush() -> None:
             nonlocal last_egress
@@ -258,8 +258,9 @@ class InboxSlices:
                 # the storage and the context as their __init__ makes them, without its call
                 # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``): the
                 # previous invocation's objects, made as new, where nothing but this loop holds
-                # them any more (a local's count; the storage's, plus its context's), so that
-                # no code can tell them from new ones (as CPython's zip() reuses its tuple)
+                # them any more (a local's count; the storage's, plus its context's two
+                # fields), so that no code can tell them from new ones (as CPython's zip()
+                # reuses its tuple)
                 if refs(context) == alone:
                     if refs(storage) == alone_in_context and type(storage) is plan.storage_class:
                         cache = storage._cache
@@ -269,13 +270,13 @@ class InboxSlices:
                         storage = _new_object(plan.storage_class)
                         storage._typename = typename
                         storage._cache = {}
-                        context._storage = storage
+                        context._storage = context.storage = storage
                 else:
                     storage = _new_object(plan.storage_class)
                     storage._typename = typename
                     storage._cache = {}
                     context = _new_object(InvocationContext)
-                    context._storage = storage
+                    context._storage = context.storage = storage
                 storage._values = values
                 storage._dirty = UNWRITTEN
                 context._address = key

@@ -517,3 +517,21 @@ def test_a_snapshot_keeps_its_cut_while_the_slice_loop_writes_on() -> None:
     snapshot.release()
     send_all()
     assert counts(job.state._groups.get) == [4] * len(ids)
+
+
+@functions.bind(typename="t/swap", specs=[ValueSpec(name="n", type=IntType)])
+def swap(context: Context, message: Message) -> None:
+    context.storage.n = (context.storage.n or 0) + 1
+    context.storage = None  # type: ignore[misc]  # (its own view: the write still counts)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_function_that_rebinds_context_storage_still_has_its_writes_applied(
+    module: Path, batched: bool
+) -> None:
+    Dispatcher.batched = batched
+    with JobHarness(module) as job:
+        for _ in range(3):
+            job.send("t/swap", "a", "x")
+        job.run_until_idle()
+        assert job.state("t/swap", "a") == {"n": 3}
