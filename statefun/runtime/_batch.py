@@ -186,6 +186,7 @@ class InboxSlices:
         # put (what they do, for the common case: see MemoryStateBackend)
         memory = state if type(state) is MemoryStateBackend else None
         state_types = job.state_types
+        with_state: str | None = None  # the typename last added to state_types
         sample_mask = self._sample_mask
         popleft = inbox.popleft
         recorded = self._recorded
@@ -332,7 +333,9 @@ class InboxSlices:
                             group[key] = new
                     else:
                         put(key_group, key, new)
-                    state_types.add(typename)
+                    if typename is not with_state:  # (once per type and slice)
+                        state_types.add(typename)
+                        with_state = typename
                     last_values = new
                 else:
                     last_values = stored

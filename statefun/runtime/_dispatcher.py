@@ -204,6 +204,7 @@ class Dispatcher(InboxSlices):
         inbox = self.inbox
         if inbox:
             # (``run`` waits for ``_wake`` only once it found the inbox empty: it is set)
+            # (the router's ``send`` does this itself: keep the two in step)
             inbox.append((envelope, key_group, key))
             return
         # Nothing waits before it: a message to an address with a batch in flight joins
