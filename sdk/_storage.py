@@ -8,7 +8,8 @@ that were written or deleted are reported back as mutations.
 
 Copy on write: a storage never changes the dict of values it was given (the runtime passes the
 state's own dict). Its first write copies it; the copy, ``_values`` from then on, holds the
-writes, and ``_dirty`` (a tuple, empty: ``UNWRITTEN``, until then) the names written.
+writes, and ``_dirty`` (a tuple, ``UNWRITTEN`` until then) the names written. The SDK's
+request handler, whose dict is the batch's own, makes its storage ``own``: written in place.
 """
 
 from __future__ import annotations
@@ -42,9 +43,18 @@ _MISSING: Any = object()
 #: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
 _NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
+
+
+class _Unwritten(tuple):  # type: ignore[type-arg]
+    """The type of ``UNWRITTEN``: an empty tuple that is not ``()``."""
+
+    __slots__ = ()
+
+
 #: the ``_dirty`` of a storage that has written nothing: its ``_values`` are still the dict it
-#: was given, which it never changes (its first write copies them and starts a list)
-UNWRITTEN: tuple[str, ...] = ()
+#: was given, which it never changes (its first write copies them). A storage made ``own``
+#: starts with ``()`` instead: its values are its own, written in place
+UNWRITTEN: tuple[str, ...] = _Unwritten()
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -72,15 +82,16 @@ class AddressStorage:
     #: The ValueSpecs of the function, by name (set on each generated subclass).
     _specs: Mapping[str, ValueSpec] = {}
 
-    def __init__(self, typename: str, values: dict[str, Any]) -> None:
+    def __init__(self, typename: str, values: dict[str, Any], own: bool = False) -> None:
         # values: state name -> typed value (anything with typename/has_value/value) or None;
-        # never changed here: the first write copies them (see ``UNWRITTEN``)
+        # never changed here: the first write copies them (see ``UNWRITTEN``), unless ``own``
+        # (the caller's own dict, given away: written in place)
         # (the runtime's slice loop, statefun/runtime/_batch.py, sets these four itself)
         self._typename = typename
         self._values = values
         self._cache: dict[str, Any] = {}
         #: the names written or deleted, in order; ``UNWRITTEN`` until the first
-        self._dirty: tuple[str, ...] = UNWRITTEN
+        self._dirty: tuple[str, ...] = () if own else UNWRITTEN
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -166,26 +177,26 @@ def _make_property(spec: ValueSpec) -> property:
             else:
                 self._cache.pop(name, None)
         dirty = self._dirty
-        if dirty:
-            self._values[name] = typed
-            if name not in dirty:
-                self._dirty = (*dirty, name)
-        else:  # the first write: the values given stay as they are (copy on write)
+        if dirty is UNWRITTEN:  # the first write: the values given stay as they are
             values = self._values = self._values.copy()
             values[name] = typed
             self._dirty = written  # (name,), made once
+        else:
+            self._values[name] = typed
+            if name not in dirty:
+                self._dirty = (*dirty, name)
 
     def fdel(self: AddressStorage) -> None:
         self._cache[name] = None
         dirty = self._dirty
-        if dirty:
-            self._values[name] = None
-            if name not in dirty:
-                self._dirty = (*dirty, name)
-        else:
+        if dirty is UNWRITTEN:
             values = self._values = self._values.copy()
             values[name] = None
             self._dirty = written
+        else:
+            self._values[name] = None
+            if name not in dirty:
+                self._dirty = (*dirty, name)
 
     return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
 

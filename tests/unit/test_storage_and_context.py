@@ -215,6 +215,15 @@ def test_the_values_given_stay_as_they_are_the_first_write_copies_them() -> None
     assert given == before and d.count is None and storage_mutations(d) == [("count", None)]
 
 
+def test_a_storage_made_own_writes_its_values_in_place() -> None:
+    given = {"count": tv(IntType, 3)}
+    s = Storage(FN, given, own=True)  # (the SDK's handler: the batch's own dict)
+    s.count = 4
+    del s.name
+    assert s._values is given and given == {"count": tv(IntType, 4), "name": None}
+    assert storage_mutations(s) == [("count", tv(IntType, 4)), ("name", None)]
+
+
 def test_delete_of_an_absent_value_is_reported() -> None:
     s = storage()
     del s.profile
