@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 from datetime import timedelta
-from operator import attrgetter
 from typing import Any
 
 from statefun.sdk._messages import EgressMessage, Message
@@ -135,6 +134,7 @@ class InvocationContext(Context):
         "delayed",
         "egress",
         "messages",
+        "storage",
     )
 
     def __init__(
@@ -147,6 +147,9 @@ class InvocationContext(Context):
         #: an SdkAddress, or the runtime's (typename, id) of it: made one when asked for (an
         #: embedded function that never reads its address costs no lookup)
         self._address: Any = address
+        #: the state of this address: a plain field (a property costs a call on every state
+        #: access); the runtime applies its own reference, ``_storage``
+        self.storage: Any = storage
         self._storage = storage
         self._caller: SdkAddress | None = caller
         #: (``_caller_source``, a protobuf Invocation, is set with ``_UNRESOLVED`` only)
@@ -161,9 +164,6 @@ class InvocationContext(Context):
         if type(address) is tuple:  # (an SdkAddress is a named tuple: not this type)
             address = self._address = address_of(address)
         return address  # type: ignore[no-any-return]
-
-    #: (read-only; its getter is C code: no Python call on a function's every state access)
-    storage = property(attrgetter("_storage"), doc="The state of this address.")
 
     @property
     def caller(self) -> SdkAddress | None:

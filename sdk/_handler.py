@@ -111,7 +111,8 @@ class RequestReplyHandler:
                     [s for s in function.specs if s.name not in values]
                 )
         address = SdkAddress(namespace, name, id_, typename)
-        context = InvocationContext(address, function.storage_class(typename, values))
+        storage = function.storage_class(typename, values, own=True)  # (values: this batch's)
+        context = InvocationContext(address, storage)
         return _Batch(function, address, context, batch.invocations)
 
 

@@ -5,6 +5,11 @@ ValueSpec, so ``context.storage.count`` is a plain attribute access. A batch sta
 typed values the runtime sent; reads decode lazily (immutable built-in values are decoded once
 per batch), writes encode at once (a bad value fails where it is assigned), and only the names
 that were written or deleted are reported back as mutations.
+
+Copy on write: a storage never changes the dict of values it was given (the runtime passes the
+state's own dict). Its first write copies it; the copy, ``_values`` from then on, holds the
+writes, and ``_dirty`` (a tuple, ``UNWRITTEN`` until then) the names written. The SDK's
+request handler, whose dict is the batch's own, makes its storage ``own``: written in place.
 """
 
 from __future__ import annotations
@@ -26,12 +31,30 @@ from statefun.sdk._types import (
     _WrapperSerializer,
 )
 
-__all__ = ["AddressStorage", "make_storage_class", "storage_mutations", "unknown_state_hint"]
+__all__ = [
+    "UNWRITTEN",
+    "AddressStorage",
+    "make_storage_class",
+    "storage_mutations",
+    "unknown_state_hint",
+]
 
 _MISSING: Any = object()
 #: the fixed-width fields of a serializer that is no fixed-width integer's: nothing matches
 _NOT_FIXED = _WrapperSerializer(None, lambda value: None, lambda data: _SLOW)
 _new_object = object.__new__
+
+
+class _Unwritten(tuple):  # type: ignore[type-arg]
+    """The type of ``UNWRITTEN``: an empty tuple that is not ``()``."""
+
+    __slots__ = ()
+
+
+#: the ``_dirty`` of a storage that has written nothing: its ``_values`` are still the dict it
+#: was given, which it never changes (its first write copies them). A storage made ``own``
+#: starts with ``()`` instead: its values are its own, written in place
+UNWRITTEN: tuple[str, ...] = _Unwritten()
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -59,13 +82,16 @@ class AddressStorage:
     #: The ValueSpecs of the function, by name (set on each generated subclass).
     _specs: Mapping[str, ValueSpec] = {}
 
-    def __init__(self, typename: str, values: dict[str, Any]) -> None:
-        # values: state name -> typed value (anything with typename/has_value/value) or None
+    def __init__(self, typename: str, values: dict[str, Any], own: bool = False) -> None:
+        # values: state name -> typed value (anything with typename/has_value/value) or None;
+        # never changed here: the first write copies them (see ``UNWRITTEN``), unless ``own``
+        # (the caller's own dict, given away: written in place)
         # (the runtime's slice loop, statefun/runtime/_batch.py, sets these four itself)
         self._typename = typename
         self._values = values
         self._cache: dict[str, Any] = {}
-        self._dirty: list[str] = []
+        #: the names written or deleted, in order; ``UNWRITTEN`` until the first
+        self._dirty: tuple[str, ...] = () if own else UNWRITTEN
 
     def __repr__(self) -> str:
         return f"<storage of {self._typename} {sorted(self._specs)}>"
@@ -89,6 +115,7 @@ def _make_property(spec: ValueSpec) -> property:
     pack, unpack = fixed.fixed_pack, fixed.fixed_unpack
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
+    written = (name,)  # the ``_dirty`` of a storage whose first write is this state's
 
     def fget(self: AddressStorage) -> Any:
         cache = self._cache
@@ -107,18 +134,19 @@ def _make_property(spec: ValueSpec) -> property:
         else:
             data = typed.value
             if len(data) == size and data[0] == tag:
-                value = unpack(data, 1)[0]
-            else:
-                try:
-                    value = decode(data)
-                    if value is _SLOW:
-                        value = deserialize(data)
-                except Exception as exc:
-                    raise ValueDecodeError(
-                        f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
-                        f"are not a valid {typename}: {type(exc).__name__}: "
-                        f"{' '.join(str(exc).split())}"
-                    ) from exc
+                # a fixed-width integer: decoded at once, as cheaply as a cache's lookup, so
+                # not cached (an invocation that reads and writes one makes no cache entry)
+                return unpack(data, 1)[0]
+            try:
+                value = decode(data)
+                if value is _SLOW:
+                    value = deserialize(data)
+            except Exception as exc:
+                raise ValueDecodeError(
+                    f"state {name!r} of {self._typename!r} holds {len(data)} bytes that "
+                    f"are not a valid {typename}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}"
+                ) from exc
         if cacheable or value is None:
             cache[name] = value
         return value
@@ -129,7 +157,9 @@ def _make_property(spec: ValueSpec) -> property:
         typed.has_value = True
         if type(value) is int and 0 < value <= high:  # (then reads_back_as is int)
             typed.value = pack(tag, value)
-            self._cache[name] = value
+            cache = self._cache
+            if cache:  # (read back from its bytes: see fget)
+                cache.pop(name, None)
         else:
             if value is None:
                 raise ValueError(
@@ -146,16 +176,27 @@ def _make_property(spec: ValueSpec) -> property:
                 self._cache[name] = value
             else:
                 self._cache.pop(name, None)
-        self._values[name] = typed
         dirty = self._dirty
-        if name not in dirty:
-            dirty.append(name)
+        if dirty is UNWRITTEN:  # the first write: the values given stay as they are
+            values = self._values = self._values.copy()
+            values[name] = typed
+            self._dirty = written  # (name,), made once
+        else:
+            self._values[name] = typed
+            if name not in dirty:
+                self._dirty = (*dirty, name)
 
     def fdel(self: AddressStorage) -> None:
-        self._values[name] = None
         self._cache[name] = None
-        if name not in self._dirty:
-            self._dirty.append(name)
+        dirty = self._dirty
+        if dirty is UNWRITTEN:
+            values = self._values = self._values.copy()
+            values[name] = None
+            self._dirty = written
+        else:
+            self._values[name] = None
+            if name not in dirty:
+                self._dirty = (*dirty, name)
 
     return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
 

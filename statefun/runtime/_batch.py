@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection
+from sys import getrefcount
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,11 @@ from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, Embedde
 from statefun.sdk._context import NOTHING_SENT, DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
+from statefun.sdk._storage import UNWRITTEN
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state.base import AddressKey
+from statefun.state.memory import MemoryStateBackend
 
 if TYPE_CHECKING:
     from statefun.runtime._dispatcher import DispatcherJob
@@ -61,7 +64,7 @@ InboxEntry = tuple[Envelope, int, AddressKey]
 
 
 def with_deadlines(
-    values: dict[str, Any], specs: dict[str, StateSpec], written: set[str] | list[str], now: int
+    values: dict[str, Any], specs: dict[str, StateSpec], written: Collection[str], now: int
 ) -> dict[str, Any]:
     """Set the expiration of each TTL state: after a write, or after any call."""
     for name, spec in specs.items():
@@ -95,6 +98,18 @@ class _Plan:
 
 
 _new_object = object.__new__
+#: the values of an address without state (the storage never changes the dict it is given)
+_NO_VALUES: dict[str, Any] = {}
+
+
+def _alone() -> int:
+    """What ``getrefcount`` tells of an object that one local variable alone holds."""
+    held = _Plan.__new__(_Plan)
+    return getrefcount(held)
+
+
+#: (2 on CPython 3.11 to 3.13: the local and the call's argument)
+_ALONE = _alone()
 
 #: a function type the slice loop hands to the per-message path
 _ELSEWHERE: Any = object()
@@ -167,7 +182,11 @@ class InboxSlices:
         plans = self._plans
         state = job.state
         get, put = state.get, state.put
+        # the memory backend's dicts, read and written here without a call of its get and
+        # put (what they do, for the common case: see MemoryStateBackend)
+        memory = state if type(state) is MemoryStateBackend else None
         state_types = job.state_types
+        with_state: str | None = None  # the typename last added to state_types
         sample_mask = self._sample_mask
         popleft = inbox.popleft
         recorded = self._recorded
@@ -183,6 +202,13 @@ class InboxSlices:
 
         last_egress: str | None = None  # the egress id of ``records``, the list appended to
         records: list[Any] = []
+        # the previous invocation's objects (None: none yet; never reused)
+        storage: Any = None
+        context: Any = None
+        message: Any = None
+        refs = getrefcount
+        alone = _ALONE
+        alone_in_context = alone + 2  # (a storage: the local and its context's two fields)
 
         def flush() -> None:
             nonlocal last_egress
@@ -213,31 +239,55 @@ class InboxSlices:
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
                     continue
-                # -- prepare: the values (a copy), the storage and the context
-                stored = last_values if key == last_key else get(key_group, key)
+                # -- prepare: the values, the storage and the context
+                if key == last_key:
+                    stored = last_values
+                elif memory is not None:
+                    group = memory._groups.get(key_group)
+                    stored = None if group is None else group.get(key)
+                else:
+                    stored = get(key_group, key)
                 if plan.has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
                 else:
                     now = 0
-                    # (a dict's own copy costs less than dict() of it)
-                    values = stored.copy() if type(stored) is dict else dict(stored or ())
+                    # the state's own dict: the storage copies it at its first write
+                    if type(stored) is not dict:
+                        stored = dict(stored) if stored else _NO_VALUES
+                    values = stored
                 # the storage and the context as their __init__ makes them, without its call
-                # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``)
-                storage = _new_object(plan.storage_class)
-                storage._typename = typename
+                # (a Python frame each; see ``AddressStorage`` and ``InvocationContext``): the
+                # previous invocation's objects, made as new, where nothing but this loop holds
+                # them any more (a local's count; the storage's, plus its context's two
+                # fields), so that no code can tell them from new ones (as CPython's zip()
+                # reuses its tuple)
+                if refs(context) == alone:
+                    if refs(storage) == alone_in_context and type(storage) is plan.storage_class:
+                        cache = storage._cache
+                        if cache:
+                            cache.clear()
+                    else:
+                        storage = _new_object(plan.storage_class)
+                        storage._typename = typename
+                        storage._cache = {}
+                        context._storage = context.storage = storage
+                else:
+                    storage = _new_object(plan.storage_class)
+                    storage._typename = typename
+                    storage._cache = {}
+                    context = _new_object(InvocationContext)
+                    context._storage = context.storage = storage
                 storage._values = values
-                storage._cache = {}
-                storage._dirty = []
-                context = _new_object(InvocationContext)
+                storage._dirty = UNWRITTEN
                 context._address = key
-                context._storage = storage
                 context._caller = envelope.caller
                 context.messages = context.delayed = context.egress = NOTHING_SENT
                 value = envelope.value
                 id_ = key[1]
                 if id_ and value is not None:  # what Message() checks (the typename: a plan's)
-                    message = _new_object(Message)
+                    if refs(message) != alone:
+                        message = _new_object(Message)
                     message.target_typename = typename
                     message.target_id = id_
                     message.typed_value = value
@@ -263,14 +313,29 @@ class InboxSlices:
                 stats.invocations += 1
                 dirty = storage._dirty
                 if dirty or plan.has_ttl:
-                    new = values.copy()  # (the storage may be kept past the call: a copy)
+                    if plan.has_ttl:  # (the storage may be kept past the call: a copy)
+                        new = storage._values.copy()
+                    else:
+                        # the copy the storage made at its first write, from now on the
+                        # state's: the storage's next write (kept past the call) copies again
+                        new = storage._values
+                        storage._dirty = UNWRITTEN
                     for name in dirty:  # a deleted state is None in values
                         if new.get(name, _ELSEWHERE) is None:
                             del new[name]
                     if plan.has_ttl:
                         new = with_deadlines(new, plan.specs, dirty, now)
-                    put(key_group, key, new)
-                    state_types.add(typename)
+                    if memory is not None and new and not memory._shared:
+                        group = memory._groups.get(key_group)
+                        if group is None:
+                            put(key_group, key, new)
+                        else:
+                            group[key] = new
+                    else:
+                        put(key_group, key, new)
+                    if typename is not with_state:  # (once per type and slice)
+                        state_types.add(typename)
+                        with_state = typename
                     last_values = new
                 else:
                     last_values = stored

@@ -204,6 +204,7 @@ class Dispatcher(InboxSlices):
         inbox = self.inbox
         if inbox:
             # (``run`` waits for ``_wake`` only once it found the inbox empty: it is set)
+            # (the router's ``send`` does this itself: keep the two in step)
             inbox.append((envelope, key_group, key))
             return
         # Nothing waits before it: a message to an address with a batch in flight joins
@@ -322,17 +323,18 @@ class Dispatcher(InboxSlices):
 
     def _prepare_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, key: AddressKey, key_group: int
-    ) -> tuple[dict[str, Any], InvocationContext, int]:
-        """The values (a copy), the context and the time of one invocation."""
+    ) -> tuple[InvocationContext, int]:
+        """The context and the time of one invocation (its storage copies the values at its
+        first write: the state's own dict stays as it is)."""
         stored = self.job.state.get(key_group, key)
         now = 0
         if function.has_ttl:
             now = self._clock()
             values = _live_values(stored, now)
         else:
-            values = dict(stored) if stored else {}
+            values = stored if type(stored) is dict else dict(stored) if stored else {}
         storage = function.function.storage_class(envelope.typename, values)
-        return values, InvocationContext(key, storage, envelope.caller), now
+        return InvocationContext(key, storage, envelope.caller), now
 
     def _failed_embedded(
         self, function: EmbeddedFunction, envelope: Envelope, exc: Exception, started: float
@@ -358,7 +360,6 @@ class Dispatcher(InboxSlices):
         function: EmbeddedFunction,
         key: AddressKey,
         key_group: int,
-        values: dict[str, Any],
         context: InvocationContext,
         now: int,
         envelope: Envelope,
@@ -372,9 +373,10 @@ class Dispatcher(InboxSlices):
         if context.delayed:
             stats.messages_out += scheduled(context.delayed)
         job = self.job
-        dirty = context._storage._dirty
+        storage = context._storage
+        dirty = storage._dirty
         if dirty or function.has_ttl:
-            new = {k: v for k, v in values.items() if v is not None}
+            new = {k: v for k, v in storage._values.items() if v is not None}
             if function.has_ttl:
                 new = with_deadlines(new, function.specs, dirty, now)
             job.state.put(key_group, key, new)
@@ -394,7 +396,7 @@ class Dispatcher(InboxSlices):
         """A synchronous embedded function: the hot path, called from the inbox loop."""
         recorded = self._recorded  # the admin port's timeline: the addresses looked up
         started = perf_counter() if self._record_every or (recorded and key in recorded) else 0.0
-        values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+        context, now = self._prepare_embedded(function, envelope, key, key_group)
         began = 0.0 if function.stats.invocations & self._sample_mask else perf_counter()
         try:
             function.function.fun(context, Message(envelope.typename, envelope.id, envelope.value))
@@ -403,7 +405,7 @@ class Dispatcher(InboxSlices):
             return
         if began:
             function.stats.latency.observe(perf_counter() - began)
-        self._apply_embedded(function, key, key_group, values, context, now, envelope, started)
+        self._apply_embedded(function, key, key_group, context, now, envelope, started)
 
     def _embedded_raised(
         self,
@@ -555,7 +557,7 @@ class Dispatcher(InboxSlices):
             self.in_flight[key] = batch[index:]
             for attempt in range(2):
                 started = perf_counter()
-                values, context, now = self._prepare_embedded(function, envelope, key, key_group)
+                context, now = self._prepare_embedded(function, envelope, key, key_group)
                 began = perf_counter()
                 try:
                     await function.function.fun(
@@ -571,9 +573,7 @@ class Dispatcher(InboxSlices):
                         continue  # once more, without the values of another type
                     self._failed_embedded(function, envelope, exc, started)
                     break
-                self._apply_embedded(
-                    function, key, key_group, values, context, now, envelope, started
-                )
+                self._apply_embedded(function, key, key_group, context, now, envelope, started)
                 break
 
     def _emit(

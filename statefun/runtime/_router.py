@@ -50,17 +50,22 @@ class Router(Admission):
         self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
         #: key group -> the subtask owning it
         self.subtask_of: list[Subtask] = []
+        #: key group -> its subtask's inbox (a dispatcher's ``inbox``; None: a subtask without
+        #: one): ``send`` appends to one that holds messages itself, as its ``offer`` would
+        self._inbox_of: list[Any] = []
 
     def connect(self, subtasks: Sequence[Subtask]) -> None:
         """Route to ``subtasks`` (the job's dispatchers, one per subtask index)."""
         p, max_p = len(subtasks), self.settings.max_parallelism
         self.subtask_of[:] = [subtasks[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)]
+        self._inbox_of[:] = [getattr(subtask, "inbox", None) for subtask in self.subtask_of]
 
     def reroute(self, key_groups: Iterable[int], subtask: Subtask) -> None:
         """Route ``key_groups`` to ``subtask`` instead (a clustered worker sends the messages
         of key groups other workers own to the exchange this way)."""
         for key_group in key_groups:
             self.subtask_of[key_group] = subtask
+            self._inbox_of[key_group] = getattr(subtask, "inbox", None)
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         self.send(Envelope(typename, id_, value, caller))
@@ -130,7 +135,11 @@ class Router(Admission):
             full = pending - self.pending_remote >= self.settings.max_in_flight_messages
         if full and self.room.open:
             self.room.clear()
-        self.subtask_of[key_group].offer(envelope, key_group, address)
+        inbox = self._inbox_of[key_group]
+        if inbox:  # (what the dispatcher's offer does while its inbox holds messages)
+            inbox.append((envelope, key_group, address))
+        else:
+            self.subtask_of[key_group].offer(envelope, key_group, address)
 
     def _new_key_group(self, address: tuple[str, str]) -> int:
         """The key group of ``address`` (typename, id), computed and kept in the cache, which

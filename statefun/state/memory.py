@@ -56,6 +56,9 @@ class MemoryStateBackend(StateBackend):
         self._live: list[MemoryStateSnapshot] = []
         self._lock = threading.Lock()  # guards _live (release() may run in another thread)
 
+    # (the dispatcher's slice loop, runtime/_batch.py, does what get does, and what put does
+    # while no snapshot shares a group and the group exists, itself: keep them in step)
+
     def get(self, key_group: int, key: AddressKey) -> StateValues | None:
         group = self._groups.get(key_group)
         return None if group is None else group.get(key)

@@ -65,6 +65,11 @@ def test_embedded_dispatch() -> None:
     assert "| one key | slice loop |" in out, out
 
 
+def test_instructions() -> None:
+    out = smoke("instructions.py", timeout=120)  # under valgrind where it is installed
+    assert "| per message |" in out, out
+
+
 def test_state_snapshot() -> None:
     smoke("state_snapshot.py", *BACKENDS, timeout=60)
 

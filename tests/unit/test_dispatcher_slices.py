@@ -33,6 +33,10 @@ from statefun import (
     egress_message_builder,
     message_builder,
 )
+from statefun._keygroups import key_group_for
+from statefun._settings import Settings
+from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
+from statefun.runtime import Job
 from statefun.runtime._dispatcher import Dispatcher
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._timeline import Timeline
@@ -366,6 +370,84 @@ def test_an_address_the_timeline_records_is_recorded_while_the_others_run_in_sli
 kept: list[Context] = []
 
 
+#: the storage of an earlier invocation of t/late, kept past its call
+late_storage: list[Any] = []
+
+
+@functions.bind(typename="t/late", specs=[ValueSpec(name="n", type=IntType)])
+def late(context: Context, message: Message) -> None:
+    """``keep``: writes n = 1 and keeps the storage; ``late``: writes n = 99 through the
+    storage kept (after its invocation ended: that write must change no state)."""
+    if message.as_string() == "keep":
+        context.storage.n = 1
+        late_storage.append(context.storage)
+    else:
+        late_storage[0].n = 99
+        late_storage[0].n = 98  # (a second write: no longer the first)
+        context.storage.n = (context.storage.n or 0) + 10
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_storage_kept_past_its_call_changes_no_state(module: Path, batched: bool) -> None:
+    Dispatcher.batched = batched
+    late_storage.clear()
+    with JobHarness(module, checkpoints=True) as job:
+        job.send("t/late", "a", "keep")
+        job.send("t/late", "a", "late")  # the same address, in the same slice
+        job.send("t/late", "b", "late")
+        job.run_until_idle()
+        assert job.state("t/late", "a") == {"n": 11}
+        assert job.state("t/late", "b") == {"n": 10}
+        job.checkpoint()
+        late_storage[0].n = 7  # between invocations, then a crash: the checkpoint holds 11
+        job.crash_and_restore()
+        assert job.state("t/late", "a") == {"n": 11}
+
+
+#: what t/hold kept of its invocations: (what, the object, what it showed then)
+held: list[tuple[str, Any, Any]] = []
+
+
+@functions.bind(typename="t/hold", specs=[ValueSpec(name="n", type=IntType)])
+def hold(context: Context, message: Message) -> None:
+    """Counts, then keeps what the message names: the context, the storage or the message
+    (the slice loop may reuse an invocation's objects only when nothing else holds them)."""
+    word = message.as_string() or ""
+    n = context.storage.n = (context.storage.n or 0) + 1
+    context.send_egress(egress_message_builder(OUT, f"{word}{n}", StringType))
+    if word == "context":
+        held.append((word, context, (context.address.id, n, len(context.egress))))
+    elif word == "storage":
+        held.append((word, context.storage, n))
+    elif word == "message":
+        held.append((word, message, (message.target_id, message.as_string())))
+
+
+def _showing(what: str, kept: Any) -> Any:
+    if what == "context":
+        return (kept.address.id, kept.storage.n, len(kept.egress))
+    if what == "storage":
+        return kept.n
+    return (kept.target_id, kept.as_string())
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_what_a_function_keeps_of_an_invocation_stays_as_it_was(
+    module: Path, batched: bool
+) -> None:
+    Dispatcher.batched = batched
+    held.clear()
+    with JobHarness(module) as job:
+        for round_ in range(3):
+            for id_ in ("a", "b", "c"):
+                for word in ("context", "x", "storage", "y", "message", "z"):
+                    job.send("t/hold", f"{id_}{round_ % 2}", word)
+            job.run_until_idle()
+    assert len(held) == 27
+    for what, kept, then in held:
+        assert _showing(what, kept) == then, what
+
+
 @functions.bind(typename="t/keep", specs=[ValueSpec(name="n", type=IntType)])
 def keep(context: Context, message: Message) -> None:
     kept.append(context)
@@ -395,3 +477,61 @@ def test_the_slice_loop_makes_the_context_and_storage_their_init_makes(module: P
     assert _fields(context) == _fields(made)
     assert _fields(storage) == _fields(type(storage)("t/keep", dict(storage._values)))
     assert context.egress is made.egress and context.messages is made.messages
+
+
+@functions.bind(typename="t/add", specs=[ValueSpec(name="n", type=IntType)])
+def add(context: Context, message: Message) -> None:
+    context.storage.n = (context.storage.n or 0) + 1
+
+
+def test_a_snapshot_keeps_its_cut_while_the_slice_loop_writes_on() -> None:
+    """The slice loop writes the memory backend's dicts itself while no snapshot shares
+    them, and through ``put`` (which copies a shared group first) while one does."""
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("t", "add"), f"{__name__}:functions")
+    job = Job(ModuleSpec(endpoints=(endpoint,)), Settings.load({}, environ={}), sources=[])
+    ids = [f"k{i}" for i in range(50)]
+
+    def send_all() -> None:
+        for id_ in ids:
+            job.send(Envelope("t/add", id_, to_typed_value(StringType, "x"), None))
+        for dispatcher in job.dispatchers:
+            while dispatcher.inbox:
+                dispatcher._run_slice(dispatcher.inbox, 7)
+
+    def counts(groups: Any) -> list[int | None]:
+        found = []
+        for id_ in ids:
+            group = groups(key_group_for("t/add", id_, job.settings.max_parallelism))
+            values = (group or {}).get(("t/add", id_))
+            found.append(
+                None if values is None else IntType.serializer().deserialize(values["n"].value)
+            )
+        return found
+
+    send_all()
+    snapshot = job.state.snapshot()
+    send_all()
+    send_all()
+    assert counts(snapshot._groups.get) == [1] * len(ids)  # the cut
+    assert counts(job.state._groups.get) == [3] * len(ids)
+    snapshot.release()
+    send_all()
+    assert counts(job.state._groups.get) == [4] * len(ids)
+
+
+@functions.bind(typename="t/swap", specs=[ValueSpec(name="n", type=IntType)])
+def swap(context: Context, message: Message) -> None:
+    context.storage.n = (context.storage.n or 0) + 1
+    context.storage = None  # type: ignore[misc]  # (its own view: the write still counts)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_function_that_rebinds_context_storage_still_has_its_writes_applied(
+    module: Path, batched: bool
+) -> None:
+    Dispatcher.batched = batched
+    with JobHarness(module) as job:
+        for _ in range(3):
+            job.send("t/swap", "a", "x")
+        job.run_until_idle()
+        assert job.state("t/swap", "a") == {"n": 3}

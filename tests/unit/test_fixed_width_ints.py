@@ -89,7 +89,7 @@ def test_values_beyond_the_range_are_refused_on_every_path(tpe: Type, beyond: in
     storage = Storage[tpe]("t/fn", {})
     with pytest.raises(ValueError, match="does not fit"):
         storage.n = value
-    assert storage._dirty == [] and storage.n is None  # nothing written
+    assert not storage._dirty and storage.n is None  # nothing written
     with pytest.raises(ValueError, match="does not fit"):
         egress_message_builder("t/out", value, tpe)
 

@@ -195,6 +195,35 @@ def test_delete() -> None:
     assert storage_mutations(s) == [("count", tv(IntType, 9)), ("name", None)]
 
 
+def test_the_values_given_stay_as_they_are_the_first_write_copies_them() -> None:
+    given = {"count": tv(IntType, 3), "name": tv(StringType, "a")}
+    before = dict(given)
+    s = Storage(FN, given)
+    assert s._values is given  # nothing copied while nothing is written
+    s.count = 4
+    del s.name
+    s.flag = True
+    assert given == before  # the runtime passes the state's own dict: never changed
+    assert (s.count, s.name, s.flag) == (4, None, True)
+    assert storage_mutations(s) == [
+        ("count", tv(IntType, 4)),
+        ("name", None),
+        ("flag", tv(BoolType, True)),
+    ]
+    d = Storage(FN, given)
+    del d.count  # a delete first copies too
+    assert given == before and d.count is None and storage_mutations(d) == [("count", None)]
+
+
+def test_a_storage_made_own_writes_its_values_in_place() -> None:
+    given = {"count": tv(IntType, 3)}
+    s = Storage(FN, given, own=True)  # (the SDK's handler: the batch's own dict)
+    s.count = 4
+    del s.name
+    assert s._values is given and given == {"count": tv(IntType, 4), "name": None}
+    assert storage_mutations(s) == [("count", tv(IntType, 4)), ("name", None)]
+
+
 def test_delete_of_an_absent_value_is_reported() -> None:
     s = storage()
     del s.profile

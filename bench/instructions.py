@@ -1,0 +1,230 @@
+"""Instructions per message around an embedded function: a deterministic measure (callgrind).
+
+The work is bench/embedded_dispatch.py's, slice loop only: keyBy (``Job.send``) and the
+dispatchers working off their inboxes ``dispatcher_slice`` messages at a time, around
+bench/runtime_e2e.py's counter (one IntType state incremented, one egress record per message)
+and its sink, over ``--keys`` keys (10,000: no two messages of a slice go to one address).
+A worker process builds the ``Job`` (``Settings.load({"metrics": M, "max_in_flight_messages":
+"100000"})``) and runs ``one_round`` N times (``PYTHONHASHSEED=0``, GC off) under
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null
+
+once with ``--rounds`` LOW and once with HIGH rounds; the figure is
+(instructions(HIGH) - instructions(LOW)) / ((HIGH - LOW) * keys): start-up, imports and the
+first rounds (the state's dicts growing) cancel out. The same input gives the same count to
+a few instructions per message, whatever else the machine runs, so one run of each side is
+enough to compare two commits.
+
+    .venv/bin/python bench/instructions.py                       # this checkout (~2 minutes)
+    .venv/bin/python bench/instructions.py --compare ../base     # and another checkout: ratio
+    .venv/bin/python bench/instructions.py --metrics false
+    .venv/bin/python bench/instructions.py --smoke               # does it still run?
+
+``--compare DIR`` runs DIR's ``statefun`` (with its sdk/, ingress/, egress/) and its
+bench/embedded_dispatch.py in this virtualenv. Without valgrind (not installed) only
+``--smoke`` runs: the same rounds, uncounted, and it says so. Progress goes to stderr; a
+Markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: callgrind's summary line on stderr: "==PID== Collected : N"
+_COLLECTED = re.compile(r"==\d+== Collected : (\d+)")
+_PACKAGES = {"statefun": "statefun", "statefun.sdk": "sdk", "statefun.ingress": "ingress"}
+_PACKAGES["statefun.egress"] = "egress"
+
+
+# -- the worker: runs in the checkout under test ------------------------------------------------
+
+
+def _use_checkout(root: Path) -> None:
+    """Import ``statefun`` (sdk/, ingress/, egress/ included) and ``bench`` from ``root``,
+    whatever the virtualenv's editable install points at."""
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+
+    class CheckoutFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+            folder = _PACKAGES.get(fullname)
+            if folder is None:
+                return None
+            init = root / folder / "__init__.py"
+            return importlib.util.spec_from_file_location(
+                fullname, init, submodule_search_locations=[str(init.parent)]
+            )
+
+    sys.path[0] = str(root)  # (this script's folder: bench/ of this checkout)
+    sys.meta_path.insert(0, CheckoutFinder())
+
+
+def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
+    """Run ``rounds`` rounds of ``keys`` messages through the slice loop; check the counts."""
+    _use_checkout(root)
+    import gc
+
+    from bench.embedded_dispatch import one_round
+    from bench.runtime_e2e import FUNCTION_TARGET, TimingSink
+    from statefun._settings import Settings
+    from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
+    from statefun.runtime import Job
+
+    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
+    sink = TimingSink()
+    job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+    ids = [f"key-{i}" for i in range(keys)]
+    gc.disable()
+    for round_ in range(rounds):
+        one_round(job, ids, round_ * keys, True)
+    if len(sink.seqs) != rounds * keys or job.pending:
+        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
+    if sorted(sink.seqs) != list(range(rounds * keys)):
+        raise SystemExit(f"{root}: the sink's records are not each message once")
+    print(f"ok {rounds * keys}")
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+def _environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return {**env, "PYTHONHASHSEED": "0"}
+
+
+def _command(root: Path, rounds: int, keys: int, metrics: str) -> list[str]:
+    script = str(Path(__file__).resolve())
+    return [sys.executable, script, "--worker", str(root), str(rounds), str(keys), metrics]
+
+
+def run_worker(root: Path, rounds: int, keys: int, metrics: str, valgrind: str | None) -> int:
+    """Instructions of one worker run under callgrind (0 without ``valgrind``)."""
+    command = _command(root, rounds, keys, metrics)
+    if valgrind:
+        command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
+    done = subprocess.run(
+        command, cwd=root, env=_environment(), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0 or not done.stdout.startswith("ok "):
+        raise SystemExit(
+            f"worker {root} ({rounds} rounds) exited {done.returncode}:\n{done.stderr[-3000:]}"
+        )
+    if not valgrind:
+        return 0
+    found = _COLLECTED.search(done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def _generated_files(root: Path, progress: Callable[[str], None]) -> None:
+    """Give ``root`` the protobuf modules it lacks (build products, not in git) from this
+    checkout, where its .proto file is the same; fail where it differs."""
+    for proto in sorted((root / "sdk" / "_proto").glob("*.proto")):
+        generated = proto.with_name(proto.stem + "_pb2.py")
+        if generated.is_file():
+            continue
+        ours = ROOT / "sdk" / "_proto" / proto.name
+        if not ours.is_file() or ours.read_bytes() != proto.read_bytes():
+            raise SystemExit(f"{generated} is missing (and {proto.name} differs from ours)")
+        progress(f"{generated}: copied from {ours.parent} (the same {proto.name})")
+        shutil.copyfile(ours.with_name(generated.name), generated)
+
+
+def _commit(root: Path) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:  # (no git)
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        _, _, root, rounds, keys, metrics = sys.argv
+        worker(Path(root), int(rounds), int(keys), metrics)
+        return 0
+    # (the driver's imports: the worker's come from the checkout it measures)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench._common import SMOKE_HELP, progress, smoke_banner
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=10_000, help="keys, messages per round")
+    parser.add_argument(
+        "--rounds", default="2,4", help="LOW,HIGH: the rounds of the two runs (default 2,4)"
+    )
+    parser.add_argument("--metrics", default="true", help="the setting metrics (true|false)")
+    parser.add_argument(
+        "--compare", type=Path, help="another checkout to measure in the same run (A = it)"
+    )
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args()
+    low, high = (int(part) for part in args.rounds.split(","))
+    if args.smoke:
+        low, high, args.keys = 1, 2, 300
+    if not 0 <= low < high:
+        parser.error(f"--rounds {args.rounds}: needs LOW < HIGH")
+    valgrind = shutil.which("valgrind")
+    if valgrind is None and not args.smoke:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    roots = [args.compare.resolve(), ROOT] if args.compare else [ROOT]
+    for root in roots:
+        if not (root / "bench" / "embedded_dispatch.py").is_file():
+            raise SystemExit(f"--compare {root}: no bench/embedded_dispatch.py there")
+        _generated_files(root, progress)
+    # a first run without valgrind checks each side quickly and compiles its bytecode (so
+    # that both counted runs find the same cached files)
+    for root in roots:
+        progress(f"{root}: a check run without valgrind")
+        run_worker(root, 1, min(args.keys, 1000), args.metrics, None)
+    runs = [(root, rounds) for root in roots for rounds in (low, high)]
+    what = "under callgrind" if valgrind else "WITHOUT valgrind (not installed): not counted"
+    progress(f"{len(runs)} runs {what}, 2 at a time ...")
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(
+            pool.map(lambda run: run_worker(*run, args.keys, args.metrics, valgrind), runs)
+        )
+    if args.smoke:
+        smoke_banner()
+        if valgrind is None:
+            print("valgrind is not installed: the rounds ran without it, nothing was counted")
+            print()
+    messages = (high - low) * args.keys
+    print(f"| checkout | commit | instructions, {low} rounds | {high} rounds | per message |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    per_message = []
+    for index, root in enumerate(roots):
+        a, b = counts[2 * index], counts[2 * index + 1]
+        per_message.append((b - a) / messages)
+        figures = f"{a:,} | {b:,} | {per_message[-1]:,.0f}" if valgrind else "- | - | -"
+        print(f"| {root} | {_commit(root)} | {figures} |")
+    if len(roots) == 2 and per_message[0]:
+        before, after = per_message
+        print()
+        print(
+            f"- {ROOT.name} / {roots[0].name}: {after / before:.4f} "
+            f"({after - before:+,.0f} instructions per message, {after / before - 1:+.1%})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
