@@ -63,6 +63,7 @@ from bench.kafka_e2e import (  # noqa: E402
     Reader,
     create_topics,
     feed,
+    kafka,
     machine,
 )
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
@@ -219,7 +220,12 @@ class Group:
     def stable(self) -> bool:
         if self.admin is None:
             return True
-        described = self.admin.describe_groups([self.group]).get(self.group) or {}
+        try:
+            described = self.admin.describe_groups([self.group]).get(self.group) or {}
+        except kafka.errors.KafkaError as exc:  # a new broker's group coordinator is still starting
+            if not getattr(exc, "retriable", False):
+                raise
+            return False
         members = described.get("members") or []
         assigned = [m for m in members if m.get("member_assignment")]
         self.members = sorted(str(m.get("member_id")) for m in members)
