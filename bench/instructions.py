@@ -20,6 +20,11 @@ enough to compare two commits.
     .venv/bin/python bench/instructions.py --metrics false
     .venv/bin/python bench/instructions.py --smoke               # does it still run?
 
+``--workload sdk-handler`` counts another path instead: the SDK's request handler
+(``RequestReplyHandler.handle_sync``, no HTTP) on one request of ``--keys`` invocations (1,000
+by default, a hot key's full batch) for one address of bench/_jvm_counter.py's counter, the
+function server of bench/statefun_jvm_vs_pystatefun.py; per invocation.
+
 ``--compare DIR`` runs DIR's ``statefun`` (with its sdk/, ingress/, egress/) and its
 bench/embedded_dispatch.py in this virtualenv. Without valgrind (not installed) only
 ``--smoke`` runs: the same rounds, uncounted, and it says so. Progress goes to stderr; a
@@ -96,6 +101,43 @@ def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     print(f"ok {rounds * keys}")
 
 
+def sdk_worker(root: Path, rounds: int, batch: int) -> None:
+    """Handle one request of ``batch`` invocations ``rounds`` times; check the reply."""
+    _use_checkout(root)
+    import gc
+    import importlib.util
+
+    from statefun.sdk import IntType
+    from statefun.sdk._handler import RequestReplyHandler
+    from statefun.sdk._proto import request_reply_pb2 as pb
+
+    spec = importlib.util.spec_from_file_location("_jvm_counter", root / "bench/_jvm_counter.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    request = pb.ToFunction()
+    invocations = request.invocation
+    invocations.target.namespace, invocations.target.type = "bench", "counter"
+    invocations.target.id = "hot"
+    count = pb.TypedValue(typename=IntType.typename, has_value=True)
+    count.value = IntType.serializer().serialize(5)
+    invocations.state.add(state_name="count", state_value=count)
+    for n in range(batch):
+        argument = invocations.invocations.add().argument
+        argument.typename, argument.has_value = "bench/stamp", True
+        argument.value = b"out-topic %d" % (1_700_000_000_000_000_000 + n)
+    data = request.SerializeToString()
+    handler = RequestReplyHandler(module.functions)
+    gc.disable()
+    for _ in range(rounds):
+        reply = pb.FromFunction.FromString(handler.handle_sync(data)).invocation_result
+    if len(reply.outgoing_egresses) != batch or len(reply.state_mutations) != 1:
+        raise SystemExit(f"{root}: the reply holds {len(reply.outgoing_egresses)} records")
+    if reply.state_mutations[0].state_value.value != IntType.serializer().serialize(5 + batch):
+        raise SystemExit(f"{root}: the count is not {5 + batch}")
+    print(f"ok {rounds * batch}")
+
+
 # -- the driver ----------------------------------------------------------------------------------
 
 
@@ -104,14 +146,25 @@ def _environment() -> dict[str, str]:
     return {**env, "PYTHONHASHSEED": "0"}
 
 
-def _command(root: Path, rounds: int, keys: int, metrics: str) -> list[str]:
+def _command(root: Path, rounds: int, keys: int, metrics: str, workload: str) -> list[str]:
     script = str(Path(__file__).resolve())
-    return [sys.executable, script, "--worker", str(root), str(rounds), str(keys), metrics]
+    return [
+        sys.executable,
+        script,
+        "--worker",
+        str(root),
+        str(rounds),
+        str(keys),
+        metrics,
+        workload,
+    ]
 
 
-def run_worker(root: Path, rounds: int, keys: int, metrics: str, valgrind: str | None) -> int:
+def run_worker(
+    root: Path, rounds: int, keys: int, metrics: str, valgrind: str | None, workload: str
+) -> int:
     """Instructions of one worker run under callgrind (0 without ``valgrind``)."""
-    command = _command(root, rounds, keys, metrics)
+    command = _command(root, rounds, keys, metrics, workload)
     if valgrind:
         command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
     done = subprocess.run(
@@ -157,9 +210,12 @@ def _commit(root: Path) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        _, _, root, rounds, keys, metrics = sys.argv
-        worker(Path(root), int(rounds), int(keys), metrics)
+    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+        _, _, root, rounds, keys, metrics, workload = sys.argv
+        if workload == "sdk-handler":
+            sdk_worker(Path(root), int(rounds), int(keys))
+        else:
+            worker(Path(root), int(rounds), int(keys), metrics)
         return 0
     # (the driver's imports: the worker's come from the checkout it measures)
     if str(ROOT) not in sys.path:
@@ -167,7 +223,12 @@ def main() -> int:
     from bench._common import SMOKE_HELP, progress, smoke_banner
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, default=10_000, help="keys, messages per round")
+    parser.add_argument(
+        "--workload", choices=("slice-loop", "sdk-handler"), default="slice-loop", help="the path"
+    )
+    parser.add_argument(
+        "--keys", type=int, help="keys (slice-loop: 10,000) or invocations per request (1,000)"
+    )
     parser.add_argument(
         "--rounds", default="2,4", help="LOW,HIGH: the rounds of the two runs (default 2,4)"
     )
@@ -178,6 +239,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     low, high = (int(part) for part in args.rounds.split(","))
+    if args.keys is None:
+        args.keys = 1_000 if args.workload == "sdk-handler" else 10_000
     if args.smoke:
         low, high, args.keys = 1, 2, 300
     if not 0 <= low < high:
@@ -194,13 +257,16 @@ def main() -> int:
     # that both counted runs find the same cached files)
     for root in roots:
         progress(f"{root}: a check run without valgrind")
-        run_worker(root, 1, min(args.keys, 1000), args.metrics, None)
+        run_worker(root, 1, min(args.keys, 1000), args.metrics, None, args.workload)
     runs = [(root, rounds) for root in roots for rounds in (low, high)]
     what = "under callgrind" if valgrind else "WITHOUT valgrind (not installed): not counted"
     progress(f"{len(runs)} runs {what}, 2 at a time ...")
     with ThreadPoolExecutor(2) as pool:
         counts = list(
-            pool.map(lambda run: run_worker(*run, args.keys, args.metrics, valgrind), runs)
+            pool.map(
+                lambda run: run_worker(*run, args.keys, args.metrics, valgrind, args.workload),
+                runs,
+            )
         )
     if args.smoke:
         smoke_banner()
@@ -208,7 +274,8 @@ def main() -> int:
             print("valgrind is not installed: the rounds ran without it, nothing was counted")
             print()
     messages = (high - low) * args.keys
-    print(f"| checkout | commit | instructions, {low} rounds | {high} rounds | per message |")
+    unit = "invocation" if args.workload == "sdk-handler" else "message"
+    print(f"| checkout | commit | instructions, {low} rounds | {high} rounds | per {unit} |")
     print("| --- | --- | ---: | ---: | ---: |")
     per_message = []
     for index, root in enumerate(roots):
@@ -221,7 +288,7 @@ def main() -> int:
         print()
         print(
             f"- {ROOT.name} / {roots[0].name}: {after / before:.4f} "
-            f"({after - before:+,.0f} instructions per message, {after / before - 1:+.1%})"
+            f"({after - before:+,.0f} instructions per {unit}, {after / before - 1:+.1%})"
         )
     return 0
 

@@ -68,6 +68,8 @@ def test_embedded_dispatch() -> None:
 def test_instructions() -> None:
     out = smoke("instructions.py", timeout=120)  # under valgrind where it is installed
     assert "| per message |" in out, out
+    out = smoke("instructions.py", "--workload", "sdk-handler", timeout=120)
+    assert "| per invocation |" in out, out
 
 
 def test_state_snapshot() -> None:
