@@ -17,6 +17,7 @@ from statefun._kafka import import_kafka
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._exchange import WorkerTransactions, decode_exchange, exchange_row
+from statefun.cluster._membership import finish_joins
 from statefun.runtime._envelope import Envelope
 from statefun.sdk._types import TypedValue
 
@@ -46,8 +47,10 @@ def config(bootstrap: str) -> ClusterConfig:
 
 
 def _member(config: ClusterConfig) -> Any:
-    return kafka.KafkaConsumer(
-        config.exchange_topic,
+    """A group member as a worker's: kafka-python's consumer with the worker's fix for a
+    leader's join that outlasts its poll (its first assignment, before the topic's metadata
+    came, is empty; without the fix it may never take the one after)."""
+    member = kafka.KafkaConsumer(
         bootstrap_servers=config.bootstrap_servers,
         group_id=config.group_id,
         enable_auto_commit=False,
@@ -56,6 +59,9 @@ def _member(config: ClusterConfig) -> Any:
         session_timeout_ms=config.session_timeout_ms,
         heartbeat_interval_ms=config.heartbeat_interval_ms,
     )
+    finish_joins(member, config.worker_id)
+    member.subscribe([config.exchange_topic])
+    return member
 
 
 @pytest.fixture
