@@ -182,9 +182,9 @@ class InboxSlices:
         plans = self._plans
         state = job.state
         get, put = state.get, state.put
-        # the memory backend's dicts, read and written here without a call of its get and
-        # put (what they do, for the common case: see MemoryStateBackend)
-        memory = state if type(state) is MemoryStateBackend else None
+        # the memory backend's dicts while no snapshot shares them, read and written here
+        # without a call of its get and put (see MemoryStateBackend.unshared_groups)
+        groups = state.unshared_groups() if type(state) is MemoryStateBackend else None
         state_types = job.state_types
         with_state: str | None = None  # the typename last added to state_types
         sample_mask = self._sample_mask
@@ -242,8 +242,8 @@ class InboxSlices:
                 # -- prepare: the values, the storage and the context
                 if key == last_key:
                     stored = last_values
-                elif memory is not None:
-                    group = memory._groups.get(key_group)
+                elif groups is not None:
+                    group = groups.get(key_group)
                     stored = None if group is None else group.get(key)
                 else:
                     stored = get(key_group, key)
@@ -325,8 +325,8 @@ class InboxSlices:
                             del new[name]
                     if plan.has_ttl:
                         new = with_deadlines(new, plan.specs, dirty, now)
-                    if memory is not None and new and not memory._shared:
-                        group = memory._groups.get(key_group)
+                    if groups is not None and new:
+                        group = groups.get(key_group)
                         if group is None:
                             put(key_group, key, new)
                         else:

@@ -56,8 +56,15 @@ class MemoryStateBackend(StateBackend):
         self._live: list[MemoryStateSnapshot] = []
         self._lock = threading.Lock()  # guards _live (release() may run in another thread)
 
-    # (the dispatcher's slice loop, runtime/_batch.py, does what get does, and what put does
-    # while no snapshot shares a group and the group exists, itself: keep them in step)
+    def unshared_groups(self) -> dict[int, dict[AddressKey, StateValues]] | None:
+        """The key groups' live dicts while no snapshot shares any of them, else None.
+
+        For a caller that, within one synchronous step of the event loop, reads them and
+        stores a non-empty value for a key of a group that exists directly (what ``get`` and
+        ``put`` then do, without their calls: the dispatchers' slice loop); anything else goes
+        through ``put``. Only ``snapshot``, which runs on the event loop, shares groups, so the
+        answer holds for the whole step (a release in another thread only ends a sharing)."""
+        return None if self._shared else self._groups
 
     def get(self, key_group: int, key: AddressKey) -> StateValues | None:
         group = self._groups.get(key_group)
