@@ -26,6 +26,11 @@ each record's output exactly once, and each key's counts 1..m (``read_committed`
     .venv/bin/python bench/cluster.py --quick         # about 2 minutes
     .venv/bin/python bench/cluster.py --smoke --bootstrap 127.0.0.1:9092  # does it run?
     .venv/bin/python bench/cluster.py --quick --profile /tmp/prof  # where the CPU goes
+    .venv/bin/python bench/cluster.py --only-job one-hop --repeat 3  # 3 rounds, ratios per round
+
+With ``--repeat N`` the modes take turns N times (single, cluster-1, cluster-2, single, ...) on
+the same backlog, and each round's ratios are against that round's single run (its neighbour:
+this machine's speed drifts within minutes), with their median.
 
 Progress goes to stderr; a Markdown table and the ratios to stdout.
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +86,7 @@ _WATCH_S = 0.05
 class Result:
     mode: str
     job: str
+    round: int
     records_per_s: float
     p50_ms: float
     p99_ms: float
@@ -122,7 +129,7 @@ def start(
         "    transactionTimeout: 1min\n"
         f"  properties:\n    - transactional.id: {out}-tx\n"
     )
-    folder = tmp / f"{mode}-{job}"
+    folder = tmp / out  # each run its own: the modes take turns with --repeat
     folder.mkdir()
     command = [PYTHON, "-m", "statefun", "--log-level", args.log_level, "run", str(module)]
     command += ["--set", f"checkpoint_interval_ms={args.interval_ms}"]
@@ -314,6 +321,7 @@ def drain_figures(
 def run(
     mode: str,
     job: str,
+    round_: int,
     bootstrap: str,
     backlog: Backlog,
     broker_pid: int | None,
@@ -371,6 +379,7 @@ def run(
     result = Result(
         mode,
         job,
+        round_,
         rate,
         percentile(ordered, 0.5),
         percentile(ordered, 0.99),
@@ -394,27 +403,37 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         f"{args.interval_ms} ms; cluster_partitions {args.partitions}\n"
     )
     print(
-        "| job | mode | records/s | drain CPU/record: workers | broker | p50 | p99 | "
+        "| round | job | mode | records/s | drain CPU/record: workers | broker | p50 | p99 | "
         "CPU per worker | broker CPU |"
     )
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    print("| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
     for r in results:
         workers = " + ".join(f"{c:.0f}%" for c in r.worker_cpu)
         broker = "-" if r.broker_cpu is None else f"{r.broker_cpu:.0f}%"
         per_record = " + ".join(f"{c:.1f}" for c in r.drain_us) + " us"
         broker_us = "-" if r.broker_drain_us is None else f"{r.broker_drain_us:.1f} us"
         print(
-            f"| {r.job} | {r.mode} | {r.records_per_s:,.0f} | {per_record} | {broker_us} | "
-            f"{r.p50_ms:,.1f} ms | {r.p99_ms:,.1f} ms | {workers} | {broker} |"
+            f"| {r.round} | {r.job} | {r.mode} | {r.records_per_s:,.0f} | {per_record} | "
+            f"{broker_us} | {r.p50_ms:,.1f} ms | {r.p99_ms:,.1f} ms | {workers} | {broker} |"
         )
     print()
     for job in JOBS:
-        by = {r.mode: r for r in results if r.job == job}
-        if "single" in by:
-            for mode in ("cluster-1", "cluster-2"):
-                if mode in by:
-                    ratio = by[mode].records_per_s / by["single"].records_per_s
-                    print(f"- {job}: {mode} / single: {ratio:.2f}x records/s")
+        for mode in ("cluster-1", "cluster-2"):
+            ratios = round_ratios(results, job, mode)
+            if ratios:
+                each = ", ".join(f"{x:.2f}x" for x in ratios)
+                median = statistics.median(ratios)
+                print(f"- {job}: {mode} / single: {each} records/s (median {median:.2f}x)")
+
+
+def round_ratios(results: list[Result], job: str, mode: str) -> list[float]:
+    """Per round, ``mode``'s records/s over the single-process run of the same round."""
+    ratios = []
+    for n in sorted({r.round for r in results}):
+        by = {r.mode: r for r in results if r.job == job and r.round == n}
+        if "single" in by and mode in by:
+            ratios.append(by[mode].records_per_s / by["single"].records_per_s)
+    return ratios
 
 
 def main() -> int:
@@ -439,8 +458,13 @@ def main() -> int:
         help="profile the runtime's processes (cProfile per thread, slower): pstats and "
         "per-thread CPU into DIR/<mode>-<job>/",
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds: the modes take turns this many times"
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    expect(args.repeat >= 1, "--repeat must be at least 1")
+    expect(args.repeat == 1 or not args.profile, "--profile profiles one round: no --repeat")
     if args.smoke:
         args.records, args.seconds, args.rate, args.interval_ms = 1_000, 1.0, 300.0, 200
     args.records = args.records or (50_000 if args.quick else 100_000)
@@ -456,7 +480,8 @@ def main() -> int:
         expect(feed(bootstrap, topic, args.records, 0, "T").wait() == 0, "the backlog failed")
         backlog = Backlog(bootstrap, topic, args.records)
         results = [
-            run(mode, job, bootstrap, backlog, broker.pid or args.broker_pid, args, Path(tmp))
+            run(mode, job, n, bootstrap, backlog, broker.pid or args.broker_pid, args, Path(tmp))
+            for n in range(1, args.repeat + 1)
             for job in (args.only_job or list(JOBS))
             for mode in (args.only_mode or list(MODES))
         ]

@@ -150,7 +150,7 @@ def test_restate_vs_pystatefun() -> None:
 
 def test_cluster(bootstrap: str) -> None:
     out = smoke("cluster.py", "--bootstrap", bootstrap, timeout=300)
-    assert "| two-hop | cluster-2 |" in out
+    assert "| two-hop | cluster-2 |" in out and "two-hop: cluster-2 / single:" in out, out
 
 
 def test_idempotency_keys(bootstrap: str) -> None:
