@@ -11,11 +11,13 @@ job's exchange topic). Modes, each its own process tree, one after the other:
   cluster-2   ``statefun run --workers 2`` (two workers on this machine)
 
 Per mode and job: records/s draining a backlog (``--records`` records over 4 partitions, read
-from the beginning; from the first commit of output records to the one that holds the last,
-plus one checkpoint interval) with the CPU each worker process and the broker spent per record
-meanwhile, then p50/p99 end-to-end latency at ``--rate`` records/s for ``--seconds``, with the
-CPU time of every worker process and of the broker (when this script started it, or
-``--broker-pid``) over that phase, as shares of one core.
+from the beginning; from the first commit of output records to the one that holds the last)
+and its steady part (from the commit that holds 10% of them to the one that holds 90%: without
+the start and the last records' wait for their commit, one checkpoint interval or, for a record
+that crossed between two workers, two), with the CPU each worker process and the broker spent
+per record meanwhile, then p50/p99 end-to-end latency at ``--rate`` records/s for
+``--seconds``, with the CPU time of every worker process and of the broker (when this script
+started it, or ``--broker-pid``) over that phase, as shares of one core.
 
 The drain is watched, not read: every 50 ms one ListOffsets request (``read_committed``: the
 output's last stable offsets) and the processes' CPU times from /proc. The output records are
@@ -88,6 +90,7 @@ class Result:
     job: str
     round: int
     records_per_s: float
+    steady_per_s: float  # records/s from 10% to 90% of the drain's committed output
     p50_ms: float
     p99_ms: float
     worker_cpu: list[float]  # % of a core, each worker process
@@ -296,13 +299,13 @@ def watch_drain(
 
 def drain_figures(
     samples: list[Sample], stable_at: int, outputs: list[Output]
-) -> tuple[float, list[float], float, int]:
-    """records/s, CPU microseconds per record of each worker process and of the broker, and
-    the records counted: those of the commits after the first commit of backlog records that
-    was seen once the group was stable, up to the sample that first saw the last of them
-    committed (the work of the commits counted is done between those two samples, about).
-    A backlog drained before the group was stable (as in --smoke) is counted from its first
-    commit, or the start."""
+) -> tuple[float, float, list[float], float, int]:
+    """records/s, steady records/s (``steady_rate``), CPU microseconds per record of each
+    worker process and of the broker, and the records counted: those of the commits after the
+    first commit of backlog records that was seen once the group was stable, up to the sample
+    that first saw the last of them committed (the work of the commits counted is done between
+    those two samples, about). A backlog drained before the group was stable (as in --smoke)
+    is counted from its first commit, or the start."""
     last: dict[int, int] = {}
     for partition, offset, _, value in outputs:
         if value[:1] == b"T":
@@ -315,7 +318,24 @@ def drain_figures(
     counted = sum(1 for p, o, _, v in outputs if v[:1] == b"T" and o >= start.ends[p])
     workers = [1e6 * (a - b) / counted for a, b in zip(stop.cpu, start.cpu, strict=True)]
     broker = 1e6 * (stop.broker - start.broker) / counted
-    return counted / max(stop.at - start.at, 0.001), workers, broker, counted
+    rate = counted / max(stop.at - start.at, 0.001)
+    return rate, steady_rate(samples[first : end + 1]), workers, broker, counted
+
+
+def steady_rate(samples: list[Sample]) -> float:
+    """records/s between the samples that first saw 10% and 90% of the output these samples
+    saw committed: the drain without its start (the first commits) and its end (the last
+    records wait for their commit: one checkpoint interval, and with two workers a record
+    that crossed between them waits for two), so that a drain of a few seconds is not
+    dominated by one or two intervals of latency. The ends count the commit markers too (one
+    per partition per commit: a few per thousand records)."""
+    base = sum(samples[0].ends)
+    total = sum(samples[-1].ends) - base
+    low = next(s for s in samples if sum(s.ends) - base >= 0.1 * total)
+    high = next(s for s in samples if sum(s.ends) - base >= 0.9 * total)
+    if high.at <= low.at:  # (one commit held most of the drain: too short to tell)
+        return (total / max(samples[-1].at - samples[0].at, 0.001)) if total else 0.0
+    return (sum(high.ends) - sum(low.ends)) / (high.at - low.at)
 
 
 def run(
@@ -344,10 +364,15 @@ def run(
             samples, stable_at, outputs = watch_drain(tag, process, reader, group, broker_pid, args)
         finally:
             group.close()
-        rate, drain_us, broker_drain_us, counted = drain_figures(samples, stable_at, outputs)
+        rate, steady, drain_us, broker_drain_us, counted = drain_figures(
+            samples, stable_at, outputs
+        )
         backlog.check(tag, job, [o for o in outputs if o[3][:1] == b"T"])
         extra += sum(1 for o in outputs if o[3][:1] != b"T")
-        progress(f"[{tag}]   {rate:,.0f} records/s over {counted:,} records; every output once")
+        progress(
+            f"[{tag}]   {rate:,.0f} records/s ({steady:,.0f} steady) over {counted:,} records; "
+            "every output once"
+        )
         pids = children(process.pid) if MODES[mode] else [process.pid]
         before = [cpu_seconds(p) for p in pids]
         broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
@@ -381,6 +406,7 @@ def run(
         job,
         round_,
         rate,
+        steady,
         percentile(ordered, 0.5),
         percentile(ordered, 0.99),
         cpu,
@@ -403,36 +429,38 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         f"{args.interval_ms} ms; cluster_partitions {args.partitions}\n"
     )
     print(
-        "| round | job | mode | records/s | drain CPU/record: workers | broker | p50 | p99 | "
-        "CPU per worker | broker CPU |"
+        "| round | job | mode | records/s | steady records/s | drain CPU/record: workers | "
+        "broker | p50 | p99 | CPU per worker | broker CPU |"
     )
-    print("| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    print("| ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |")
     for r in results:
         workers = " + ".join(f"{c:.0f}%" for c in r.worker_cpu)
         broker = "-" if r.broker_cpu is None else f"{r.broker_cpu:.0f}%"
         per_record = " + ".join(f"{c:.1f}" for c in r.drain_us) + " us"
         broker_us = "-" if r.broker_drain_us is None else f"{r.broker_drain_us:.1f} us"
         print(
-            f"| {r.round} | {r.job} | {r.mode} | {r.records_per_s:,.0f} | {per_record} | "
+            f"| {r.round} | {r.job} | {r.mode} | {r.records_per_s:,.0f} | "
+            f"{r.steady_per_s:,.0f} | {per_record} | "
             f"{broker_us} | {r.p50_ms:,.1f} ms | {r.p99_ms:,.1f} ms | {workers} | {broker} |"
         )
     print()
     for job in JOBS:
         for mode in ("cluster-1", "cluster-2"):
-            ratios = round_ratios(results, job, mode)
-            if ratios:
-                each = ", ".join(f"{x:.2f}x" for x in ratios)
-                median = statistics.median(ratios)
-                print(f"- {job}: {mode} / single: {each} records/s (median {median:.2f}x)")
+            for what, figure in (("records/s", "records_per_s"), ("steady", "steady_per_s")):
+                ratios = round_ratios(results, job, mode, figure)
+                if ratios:
+                    each = ", ".join(f"{x:.2f}x" for x in ratios)
+                    median = statistics.median(ratios)
+                    print(f"- {job}: {mode} / single: {each} {what} (median {median:.2f}x)")
 
 
-def round_ratios(results: list[Result], job: str, mode: str) -> list[float]:
-    """Per round, ``mode``'s records/s over the single-process run of the same round."""
+def round_ratios(results: list[Result], job: str, mode: str, figure: str) -> list[float]:
+    """Per round, ``mode``'s ``figure`` over the single-process run's of the same round."""
     ratios = []
     for n in sorted({r.round for r in results}):
         by = {r.mode: r for r in results if r.job == job and r.round == n}
         if "single" in by and mode in by:
-            ratios.append(by[mode].records_per_s / by["single"].records_per_s)
+            ratios.append(getattr(by[mode], figure) / getattr(by["single"], figure))
     return ratios
 
 
