@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,14 +42,25 @@ class AdminJob:
     folder: Path
 
     def send(self, address: str, body: str) -> None:
-        request = urllib.request.Request(
-            f"{self.ingress}/messages/{address}",
-            data=body.encode(),
-            headers={"Content-Type": "text/plain"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=HANG) as response:
-            assert response.status == 202
+        """POST one message; a ``503`` (not accepted: the job has no room yet, as on a loaded
+        machine) is sent again after its ``Retry-After``, as a client does, for up to 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            request = urllib.request.Request(
+                f"{self.ingress}/messages/{address}",
+                data=body.encode(),
+                headers={"Content-Type": "text/plain"},
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=HANG) as response:
+                    assert response.status == 202
+                    return
+            except urllib.error.HTTPError as exc:
+                reason = exc.read().decode(errors="replace")
+                if exc.code != 503 or time.monotonic() > deadline:
+                    raise AssertionError(f"{exc.code} for {address}: {reason}") from exc
+                time.sleep(min(float(exc.headers.get("Retry-After") or 1), 1.0))
 
 
 @contextmanager

@@ -312,7 +312,10 @@ async def test_records_waiting_for_a_commit_stop_the_sources(tmp_path: Path) -> 
     finally:
         watcher.cancel()
     assert output(tmp_path / "out.jsonl") == expected(10, 300)
-    assert 50 < largest < 400, largest
+    # The job checks the sinks' backlog on its loop's tick, so a tick's worth of records may
+    # pass the limit (more on a loaded machine); without the gate the records of a whole
+    # checkpoint interval wait, here all 3,000 of them.
+    assert 50 < largest < 1500, largest
 
 
 async def test_no_checkpoint_after_a_failure(tmp_path: Path, unused_tcp_port: int) -> None:

@@ -37,12 +37,16 @@ fi
 java="$java_home/bin/java"
 
 # Build once; rebuild only when pom.xml or the launcher sources change.
+# Runs started at the same time (a test and a benchmark) build one after the other.
 stamp="$here/target/.built"
+exec 9>"$here/.build.lock"
+if command -v flock >/dev/null; then flock 9; fi
 if [[ ! -f "$stamp" || -n "$(find "$here/pom.xml" "$here/src" -newer "$stamp" -print -quit)" ]]; then
   echo "statefun-jvm: building (mvn package) ..." >&2
   (cd "$here" && JAVA_HOME="$java_home" mvn -q -B package -DskipTests >&2)
   touch "$stamp"
 fi
+exec 9>&-
 
 # Flink 1.16 (closure cleaner, Kryo, serializers, netty) reflects into JDK internals;
 # on Java 17 these packages must be opened, otherwise job translation fails with
