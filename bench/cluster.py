@@ -267,13 +267,14 @@ def watch_drain(
     pids: list[int] = []
     stable_at = -1
     moved_at = 0.0
+    drained = False
     deadline = time.monotonic() + 90 + n / 300
     while True:
         expect(process.poll() is None, f"{tag}: exited {process.returncode}")
         expect(
             time.monotonic() < deadline,
             f"{tag}: "
-            + ("the group was never stable" if outputs else "not drained before the deadline"),
+            + ("the group was never stable" if drained else "not drained before the deadline"),
         )
         if not pids:  # every process of the job, once it runs
             pids = children(process.pid) if group.workers else [process.pid]
@@ -295,7 +296,8 @@ def watch_drain(
             outputs += read_to(reader, ends)
             # a small backlog may drain before the last worker has its share: then the watch
             # goes on until the group is stable, so that a worker that never joins still fails
-            if sum(1 for o in outputs if o[3][:1] == b"T") >= n and stable_at >= 0:
+            drained = sum(1 for o in outputs if o[3][:1] == b"T") >= n
+            if drained and stable_at >= 0:
                 members = group.members
                 expect(group.stable() and group.members == members, f"{tag}: the group moved")
                 return samples, stable_at, outputs
