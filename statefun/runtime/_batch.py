@@ -39,7 +39,7 @@ from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, Embedde
 from statefun.sdk._context import NOTHING_SENT, DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
-from statefun.sdk._storage import UNWRITTEN
+from statefun.sdk._storage import UNWRITTEN, Deleting
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state.base import AddressKey
@@ -221,6 +221,8 @@ class InboxSlices:
         alone = _ALONE
         alone_in_context = alone + 2  # (a storage: the local and its context's two fields)
         unwritten = UNWRITTEN
+        deleting = Deleting
+        clock_mask = _CLOCK_MASK
         nothing_sent = NOTHING_SENT
         elsewhere = _ELSEWHERE
         new_object = _new_object
@@ -238,7 +240,7 @@ class InboxSlices:
             # (a list iterator: messages appended meanwhile, by keyBy, are seen too)
             for envelope, key_group, key in inbox:
                 if done >= limit or (
-                    taken & _CLOCK_MASK == _CLOCK_MASK and perf_counter() > deadline
+                    taken & clock_mask == clock_mask and perf_counter() > deadline
                 ):
                     break
                 taken += 1
@@ -342,9 +344,10 @@ class InboxSlices:
                         # state's: the storage's next write (kept past the call) copies again
                         new = storage._values
                         storage._dirty = unwritten
-                    for name in dirty:  # a deleted state is None in values
-                        if new.get(name, elsewhere) is None:
-                            del new[name]
+                    if type(dirty) is deleting:  # a deleted state is None in values
+                        for name in dirty:
+                            if new.get(name, elsewhere) is None:
+                                del new[name]
                     if has_ttl:
                         new = with_deadlines(new, plan.specs, dirty, now)
                     if group is not None and new:
