@@ -28,6 +28,8 @@ from statefun.sdk._spec import SdkAddress
 
 __all__ = ["Route", "Router", "Subtask"]
 
+_new_object = object.__new__
+
 #: how keyBy reaches an address: (key group, the address's own tuple, the inbox of the subtask
 #: owning it or None, whether its function is remote)
 Route = tuple[int, tuple[str, str], Any, bool]
@@ -100,6 +102,7 @@ class Router(Admission):
         )
         room = self.room
         routes = self._routes
+        new_object = _new_object
         subtask_of = self.subtask_of
         # the counts in flight, kept here and written back (offer() does not read them)
         pending, pending_remote = self.pending, self.pending_remote
@@ -119,12 +122,16 @@ class Router(Admission):
                         room.clear()
                 elif pending - pending_remote >= limit:
                     room.clear()
+                # Envelope(typename, id_, value, None) without the call of its __init__
+                envelope = new_object(Envelope)
+                envelope.typename = typename
+                envelope.id = id_
+                envelope.value = value
+                envelope.caller = envelope.wire = None
                 if inbox:  # (as in ``send``)
-                    inbox.append((Envelope(typename, id_, value, None), key_group, address))
+                    inbox.append((envelope, key_group, address))
                 else:
-                    subtask_of[key_group].offer(
-                        Envelope(typename, id_, value, None), key_group, address
-                    )
+                    subtask_of[key_group].offer(envelope, key_group, address)
         finally:
             self.pending, self.pending_remote = pending, pending_remote
         return len(messages)
