@@ -25,6 +25,10 @@ enough to compare two commits.
 by default, a hot key's full batch) for one address of bench/_jvm_counter.py's counter, the
 function server of bench/statefun_jvm_vs_pystatefun.py; per invocation.
 
+``--workload submit`` sends the messages as a source does instead of through ``Job.send``:
+``await context.submit(...)`` on the source's ``IngressContext`` (bench/runtime_e2e.py's
+``SequenceSource``, the value made in the round), in a running event loop, then the slices.
+
 ``--workload kafka-ingress`` counts the slice loop's work behind the Kafka ingress instead
 of ``Job.send``: per round, a polled batch of ``--keys`` records of one partition (an
 ``IntType`` value each, ``ConsumerRecord`` tuples made in the round, as the client's are) goes
@@ -100,6 +104,50 @@ def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     gc.disable()
     for round_ in range(rounds):
         one_round(job, ids, round_ * keys, True)
+    if len(sink.seqs) != rounds * keys or job.pending:
+        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
+    if sorted(sink.seqs) != list(range(rounds * keys)):
+        raise SystemExit(f"{root}: the sink's records are not each message once")
+    print(f"ok {rounds * keys}")
+
+
+def submit_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
+    """Submit ``rounds`` rounds of ``keys`` messages as a source does (``await
+    context.submit(...)``, bench/runtime_e2e.py's ``SequenceSource``), then run the slices."""
+    _use_checkout(root)
+    import asyncio
+    import gc
+
+    from bench.runtime_e2e import COUNTER, FUNCTION_TARGET, INT_TYPENAME, TimingSink
+    from bench.runtime_e2e import _serialize_int as serialize
+    from statefun._settings import Settings
+    from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
+    from statefun.runtime import Job
+    from statefun.runtime._ingress_port import IngressPort
+    from statefun.sdk import TypedValue
+
+    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
+    sink = TimingSink()
+    ids = [f"key-{i}" for i in range(keys)]
+
+    async def main() -> Job:
+        job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+        port = IngressPort(job, job.router)
+        submit = port.submit
+        slice_size = job.settings.dispatcher_slice
+        for round_ in range(rounds):
+            first = round_ * keys
+            for i, id_ in enumerate(ids):  # (with room for all, no submit waits)
+                await submit(COUNTER, id_, TypedValue(INT_TYPENAME, serialize(first + i)))
+            for dispatcher in job.dispatchers:
+                inbox = dispatcher.inbox
+                while inbox:
+                    dispatcher._run_slice(inbox, slice_size)
+        return job
+
+    gc.disable()
+    job = asyncio.run(main())
     if len(sink.seqs) != rounds * keys or job.pending:
         raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
     if sorted(sink.seqs) != list(range(rounds * keys)):
@@ -280,6 +328,8 @@ def main() -> int:
         _, _, root, rounds, keys, metrics, workload = sys.argv
         if workload == "sdk-handler":
             sdk_worker(Path(root), int(rounds), int(keys))
+        elif workload == "submit":
+            submit_worker(Path(root), int(rounds), int(keys), metrics)
         elif workload == "kafka-ingress":
             kafka_worker(Path(root), int(rounds), int(keys), metrics)
         else:
@@ -293,7 +343,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--workload",
-        choices=("slice-loop", "kafka-ingress", "sdk-handler"),
+        choices=("slice-loop", "submit", "kafka-ingress", "sdk-handler"),
         default="slice-loop",
         help="the path",
     )
