@@ -25,6 +25,16 @@ enough to compare two commits.
 by default, a hot key's full batch) for one address of bench/_jvm_counter.py's counter, the
 function server of bench/statefun_jvm_vs_pystatefun.py; per invocation.
 
+``--workload submit`` sends the messages as a source does instead of through ``Job.send``:
+``await context.submit(...)`` on the source's ``IngressContext`` (bench/runtime_e2e.py's
+``SequenceSource``, the value made in the round), in a running event loop, then the slices.
+
+``--workload kafka-ingress`` counts the slice loop's work behind the Kafka ingress instead
+of ``Job.send``: per round, a polled batch of ``--keys`` records of one partition (an
+``IntType`` value each, ``ConsumerRecord`` tuples made in the round, as the client's are) goes
+through ``KafkaSource._route_all`` (the run of valid records: key decoded, value checked;
+``emit_many``; the positions), then the dispatchers' slices as above; per record.
+
 ``--compare DIR`` runs DIR's ``statefun`` (with its sdk/, ingress/, egress/) and its
 bench/embedded_dispatch.py in this virtualenv. Without valgrind (not installed) only
 ``--smoke`` runs: the same rounds, uncounted, and it says so. Progress goes to stderr; a
@@ -94,6 +104,110 @@ def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     gc.disable()
     for round_ in range(rounds):
         one_round(job, ids, round_ * keys, True)
+    if len(sink.seqs) != rounds * keys or job.pending:
+        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
+    if sorted(sink.seqs) != list(range(rounds * keys)):
+        raise SystemExit(f"{root}: the sink's records are not each message once")
+    print(f"ok {rounds * keys}")
+
+
+def submit_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
+    """Submit ``rounds`` rounds of ``keys`` messages as a source does (``await
+    context.submit(...)``, bench/runtime_e2e.py's ``SequenceSource``), then run the slices."""
+    _use_checkout(root)
+    import asyncio
+    import gc
+
+    from bench.runtime_e2e import COUNTER, FUNCTION_TARGET, INT_TYPENAME, TimingSink
+    from bench.runtime_e2e import _serialize_int as serialize
+    from statefun._settings import Settings
+    from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
+    from statefun.runtime import Job
+    from statefun.runtime._ingress_port import IngressPort
+    from statefun.sdk import TypedValue
+
+    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
+    sink = TimingSink()
+    ids = [f"key-{i}" for i in range(keys)]
+
+    async def main() -> Job:
+        job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+        port = IngressPort(job, job.router)
+        submit = port.submit
+        slice_size = job.settings.dispatcher_slice
+        for round_ in range(rounds):
+            first = round_ * keys
+            for i, id_ in enumerate(ids):  # (with room for all, no submit waits)
+                await submit(COUNTER, id_, TypedValue(INT_TYPENAME, serialize(first + i)))
+            for dispatcher in job.dispatchers:
+                inbox = dispatcher.inbox
+                while inbox:
+                    dispatcher._run_slice(inbox, slice_size)
+        return job
+
+    gc.disable()
+    job = asyncio.run(main())
+    if len(sink.seqs) != rounds * keys or job.pending:
+        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
+    if sorted(sink.seqs) != list(range(rounds * keys)):
+        raise SystemExit(f"{root}: the sink's records are not each message once")
+    print(f"ok {rounds * keys}")
+
+
+def kafka_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
+    """Route ``rounds`` polled batches of ``keys`` records through the Kafka ingress (its
+    ``_route_all``: the run of valid records, ``emit_many``) and the slice loop."""
+    _use_checkout(root)
+    import gc
+
+    from bench.runtime_e2e import FUNCTION_TARGET, INT_TYPENAME, TimingSink, _serialize_int
+    from statefun._kafka import import_kafka
+    from statefun._settings import Settings
+    from statefun.ingress.kafka import KafkaSource, _Route
+    from statefun.module._specs import (
+        EmbeddedEndpointSpec,
+        FunctionTarget,
+        KafkaTopicSpec,
+        ModuleSpec,
+    )
+    from statefun.runtime import Job
+    from statefun.runtime._ingress_port import IngressPort
+
+    import_kafka()
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
+    sink = TimingSink()
+    job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+    topic = KafkaTopicSpec("in", INT_TYPENAME, ("bench/counter",))
+    source = KafkaSource("bench/in", "127.0.0.1:1", [topic])
+    port = IngressPort(job, job.router)
+    routes = {"in": _Route(topic, port)}
+    ids = [f"key-{i}".encode() for i in range(keys)]
+    slice_size = job.settings.dispatcher_slice
+    gc.disable()
+    for round_ in range(rounds):
+        first = round_ * keys
+        batch = [  # (ConsumerRecord's fields as the client fills them)
+            tuple.__new__(
+                ConsumerRecord,
+                ("in", 0, 0, first + i, 0, 0, id_, _serialize_int(first + i), [], None, -1, -1, -1),
+            )
+            for i, id_ in enumerate(ids)
+        ]
+        routing = source._route_all(batch, routes, port)
+        try:
+            routing.send(None)  # (with room for all, it never waits)
+        except StopIteration:
+            pass
+        else:
+            raise SystemExit(f"{root}: the Kafka ingress waited for room")
+        for dispatcher in job.dispatchers:
+            inbox = dispatcher.inbox
+            while inbox:
+                dispatcher._run_slice(inbox, slice_size)
     if len(sink.seqs) != rounds * keys or job.pending:
         raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
     if sorted(sink.seqs) != list(range(rounds * keys)):
@@ -214,6 +328,10 @@ def main() -> int:
         _, _, root, rounds, keys, metrics, workload = sys.argv
         if workload == "sdk-handler":
             sdk_worker(Path(root), int(rounds), int(keys))
+        elif workload == "submit":
+            submit_worker(Path(root), int(rounds), int(keys), metrics)
+        elif workload == "kafka-ingress":
+            kafka_worker(Path(root), int(rounds), int(keys), metrics)
         else:
             worker(Path(root), int(rounds), int(keys), metrics)
         return 0
@@ -224,7 +342,10 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--workload", choices=("slice-loop", "sdk-handler"), default="slice-loop", help="the path"
+        "--workload",
+        choices=("slice-loop", "submit", "kafka-ingress", "sdk-handler"),
+        default="slice-loop",
+        help="the path",
     )
     parser.add_argument(
         "--keys", type=int, help="keys (slice-loop: 10,000) or invocations per request (1,000)"

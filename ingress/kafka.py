@@ -53,6 +53,8 @@ from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
 from statefun.sdk._types import TypedValue
 
+_new_object = object.__new__
+
 __all__ = ["DEFAULT_POLL_RECORDS", "KIND", "KafkaSource"]
 
 log = logging.getLogger(__name__)
@@ -434,7 +436,11 @@ class KafkaSource(Source):
                     validate(value)
             except (UnicodeDecodeError, DecodeError, ValueError, TypeError):
                 break  # (_route says why)
-            run.append((id_, TypedValue(value_type, value)))
+            typed = _new_object(TypedValue)  # TypedValue(value_type, value) without its __init__
+            typed.typename = value_type
+            typed.has_value = True  # (value is not None)
+            typed.value = value
+            run.append((id_, typed))
         return run
 
     async def _discover(self, first: bool) -> None:

@@ -8,8 +8,10 @@ that were written or deleted are reported back as mutations.
 
 Copy on write: a storage never changes the dict of values it was given (the runtime passes the
 state's own dict). Its first write copies it; the copy, ``_values`` from then on, holds the
-writes, and ``_dirty`` (a tuple, ``UNWRITTEN`` until then) the names written. The SDK's
-request handler, whose dict is the batch's own, makes its storage ``own``: written in place.
+writes, and ``_dirty`` (a tuple, ``UNWRITTEN`` until then) the names written; a delete leaves
+None in the values and makes ``_dirty`` a ``Deleting``, so that a caller applying the values
+looks for deleted names only then. The SDK's request handler, whose dict is the batch's own,
+makes its storage ``own``: written in place.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from statefun.sdk._types import (
 __all__ = [
     "UNWRITTEN",
     "AddressStorage",
+    "Deleting",
     "make_storage_class",
     "storage_mutations",
     "unknown_state_hint",
@@ -55,6 +58,14 @@ class _Unwritten(tuple):  # type: ignore[type-arg]
 #: was given, which it never changes (its first write copies them). A storage made ``own``
 #: starts with ``()`` instead: its values are its own, written in place
 UNWRITTEN: tuple[str, ...] = _Unwritten()
+
+
+class Deleting(tuple):  # type: ignore[type-arg]
+    """The type of a storage's ``_dirty`` once it deleted a state (its values hold None for
+    it): a caller that applies the values looks for deleted names only then."""
+
+    __slots__ = ()
+
 
 # A written value may be cached (read back without decoding) only when decoding its bytes
 # gives that very value: not for floats (float32 rounding, an int written reads as a float),
@@ -116,6 +127,7 @@ def _make_property(spec: ValueSpec) -> property:
     cacheable = spec.type in IMMUTABLE_TYPES
     reads_back_as = _READS_BACK_AS_WRITTEN.get(spec.type)
     written = (name,)  # the ``_dirty`` of a storage whose first write is this state's
+    deleted = Deleting(written)  # (and whose first write deletes it)
 
     def fget(self: AddressStorage) -> Any:
         cache = self._cache
@@ -184,7 +196,9 @@ def _make_property(spec: ValueSpec) -> property:
         else:
             self._values[name] = typed
             if name not in dirty:
-                self._dirty = (*dirty, name)
+                self._dirty = (
+                    (*dirty, name) if type(dirty) is not Deleting else Deleting((*dirty, name))
+                )
 
     def fdel(self: AddressStorage) -> None:
         self._cache[name] = None
@@ -192,11 +206,11 @@ def _make_property(spec: ValueSpec) -> property:
         if dirty is UNWRITTEN:
             values = self._values = self._values.copy()
             values[name] = None
-            self._dirty = written
+            self._dirty = deleted
         else:
             self._values[name] = None
-            if name not in dirty:
-                self._dirty = (*dirty, name)
+            if type(dirty) is not Deleting or name not in dirty:
+                self._dirty = Deleting(dirty if name in dirty else (*dirty, name))
 
     return property(fget, fset, fdel, doc=f"state {name!r} ({typename})")
 

@@ -4,10 +4,11 @@
 at most ``SLICE_SECONDS`` of work) to ``InboxSlices._run_slice``. Messages to synchronous
 embedded functions run there, one after another, in inbox order, without a call per step of
 the per-message path: the function type's plan (its code, storage class, specs, counters) is
-looked up once per type, the address's state is read once for a run of messages to one
-address (the values each invocation stored are the next one's; no other code writes state
-inside the slice), and egress records are gathered per egress id and handed to the sinks in
-one ``write_many`` per egress id when the slice ends. Everything else - a message to an
+looked up once per run of messages to one type, the address's state is read once for a run of
+messages to one address (the values each invocation stored are the next one's; no other code
+writes state inside the slice), egress records are gathered per egress id and handed to the
+sinks in one ``write_many`` per egress id when the slice ends, and so are the messages handled
+taken out of the inbox, in one deletion. Everything else - a message to an
 address with a batch in flight, a remote or ``async def`` function, an unknown type, a
 function that raised, and a message to an address the admin port's timeline records (every
 message when it records every address) - goes to the
@@ -28,7 +29,6 @@ Guarantees, as for the per-message path:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Collection
 from sys import getrefcount
 from time import perf_counter
@@ -39,7 +39,7 @@ from statefun.runtime._functions import TTL_AFTER_CALL, TTL_AFTER_WRITE, Embedde
 from statefun.sdk._context import NOTHING_SENT, DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
 from statefun.sdk._spec import SdkAddress
-from statefun.sdk._storage import UNWRITTEN
+from statefun.sdk._storage import UNWRITTEN, Deleting
 from statefun.state._expiring import ExpiringValue
 from statefun.state._expiring import live_values as _live_values
 from statefun.state.base import AddressKey
@@ -52,10 +52,10 @@ if TYPE_CHECKING:
 
 __all__ = ["SLICE_SECONDS", "InboxEntry", "InboxSlices", "scheduled", "with_deadlines"]
 
-#: the longest a slice runs before the dispatcher yields to the loop (checked every
-#: ``_CLOCK_EVERY`` messages), however many messages it has handled
+#: the longest a slice runs before the dispatcher yields to the loop (checked every 32
+#: messages: ``_CLOCK_MASK``), however many messages it has handled
 SLICE_SECONDS = 0.005
-_CLOCK_EVERY = 32
+_CLOCK_MASK = 31
 #: most function types whose plan a dispatcher keeps
 _MAX_PLANS = 10_000
 
@@ -175,9 +175,10 @@ class InboxSlices:
         plans[typename] = plan
         return plan
 
-    def _run_slice(self, inbox: deque[InboxEntry], limit: int) -> int:
+    def _run_slice(self, inbox: list[InboxEntry], limit: int) -> int:
         """Handle messages from the head of ``inbox`` until ``limit`` of them finished (or
-        ``SLICE_SECONDS`` passed), and release them; how many finished."""
+        ``SLICE_SECONDS`` passed), take them out of it (in one deletion, when the slice ends)
+        and release them; how many finished."""
         job = self.job
         plans = self._plans
         state = job.state
@@ -185,23 +186,33 @@ class InboxSlices:
         # the memory backend's dicts while no snapshot shares them, read and written here
         # without a call of its get and put (see MemoryStateBackend.unshared_groups)
         groups = state.unshared_groups() if type(state) is MemoryStateBackend else None
+        group: dict[AddressKey, Any] | None = None  # (of the address, with ``groups`` only)
         state_types = job.state_types
         with_state: str | None = None  # the typename last added to state_types
         sample_mask = self._sample_mask
-        popleft = inbox.popleft
         recorded = self._recorded
         #: egress id -> records gathered in this slice, in order (handed on by ``flush``)
         gathered: dict[str, list[Any]] = {}
-        # the address of the previous invocation and the values it left in the state: a run
-        # of messages to one address reads them once (reset whenever other code runs)
+        # the address of the previous invocation (the router's own tuple of it: see
+        # Router.send) and the values it left in the state: a run of messages to one address
+        # reads them once (reset whenever other code runs)
         last_key: AddressKey | None = None
         last_values: Any = None
         deadline = perf_counter() + SLICE_SECONDS
-        tick = 0
+        taken = 0  # messages taken from the head of the inbox (deleted when the slice ends)
         done = 0
 
         last_egress: str | None = None  # the egress id of ``records``, the list appended to
         records: list[Any] = []
+        # the plan of the previous message's type, and its fields: looked up once for a run
+        # of messages to one function type
+        last_typename: str | None = None
+        plan: Any = None
+        fun: Any = None
+        storage_class: Any = None
+        stats: Any = None
+        has_ttl = False
+        now = 0
         # the previous invocation's objects (None: none yet; never reused)
         storage: Any = None
         context: Any = None
@@ -209,6 +220,12 @@ class InboxSlices:
         refs = getrefcount
         alone = _ALONE
         alone_in_context = alone + 2  # (a storage: the local and its context's two fields)
+        unwritten = UNWRITTEN
+        deleting = Deleting
+        clock_mask = _CLOCK_MASK
+        nothing_sent = NOTHING_SENT
+        elsewhere = _ELSEWHERE
+        new_object = _new_object
 
         def flush() -> None:
             nonlocal last_egress
@@ -220,38 +237,46 @@ class InboxSlices:
                 last_egress = None
 
         try:
-            while inbox and done < limit:
-                tick += 1
-                if tick == _CLOCK_EVERY:
-                    tick = 0
-                    if perf_counter() > deadline:
-                        break
-                envelope, key_group, key = popleft()
+            # (a list iterator: messages appended meanwhile, by keyBy, are seen too)
+            for envelope, key_group, key in inbox:
+                if done >= limit or (
+                    taken & clock_mask == clock_mask and perf_counter() > deadline
+                ):
+                    break
+                taken += 1
                 typename = key[0]
-                plan = plans.get(typename)
-                if plan is None:
-                    plan = self._plan(typename)
+                if typename is not last_typename:
+                    plan = plans.get(typename)
+                    if plan is None:
+                        plan = self._plan(typename)
+                    last_typename = typename
+                    if plan is not elsewhere:
+                        fun = plan.fun
+                        has_ttl = plan.has_ttl
+                        stats = plan.stats
+                        storage_class = plan.storage_class
+                        if type(storage) is not storage_class or storage._typename != typename:
+                            context = None  # (a new context and storage for this type)
                 # the per-message path: not a synchronous embedded function, or an address
                 # the timeline records (a synchronous function's address is never busy)
-                if plan is _ELSEWHERE or (recorded and key in recorded):
+                if plan is elsewhere or (recorded and key in recorded):
                     if gathered:
                         flush()
                     last_key = None
                     done += self._dispatch(envelope, key_group, key)
                     continue
                 # -- prepare: the values, the storage and the context
-                if key == last_key:
-                    stored = last_values
+                if key is last_key:
+                    stored = last_values  # (and ``group`` is still the address's)
                 elif groups is not None:
                     group = groups.get(key_group)
                     stored = None if group is None else group.get(key)
                 else:
                     stored = get(key_group, key)
-                if plan.has_ttl:
+                if has_ttl:
                     now = self._clock()
                     values = _live_values(stored, now)
                 else:
-                    now = 0
                     # the state's own dict: the storage copies it at its first write
                     if type(stored) is not dict:
                         stored = dict(stored) if stored else _NO_VALUES
@@ -261,45 +286,44 @@ class InboxSlices:
                 # previous invocation's objects, made as new, where nothing but this loop holds
                 # them any more (a local's count; the storage's, plus its context's two
                 # fields), so that no code can tell them from new ones (as CPython's zip()
-                # reuses its tuple)
+                # reuses its tuple); both are of this type (see the type's change above)
                 if refs(context) == alone:
-                    if refs(storage) == alone_in_context and type(storage) is plan.storage_class:
+                    if refs(storage) == alone_in_context:
                         cache = storage._cache
                         if cache:
                             cache.clear()
                     else:
-                        storage = _new_object(plan.storage_class)
+                        storage = new_object(storage_class)
                         storage._typename = typename
                         storage._cache = {}
                         context._storage = context.storage = storage
                 else:
-                    storage = _new_object(plan.storage_class)
+                    storage = new_object(storage_class)
                     storage._typename = typename
                     storage._cache = {}
-                    context = _new_object(InvocationContext)
+                    context = new_object(InvocationContext)
                     context._storage = context.storage = storage
                 storage._values = values
-                storage._dirty = UNWRITTEN
+                storage._dirty = unwritten
                 context._address = key
                 context._caller = envelope.caller
-                context.messages = context.delayed = context.egress = NOTHING_SENT
+                context.messages = context.delayed = context.egress = nothing_sent
                 value = envelope.value
                 id_ = key[1]
                 if id_ and value is not None:  # what Message() checks (the typename: a plan's)
                     if refs(message) != alone:
-                        message = _new_object(Message)
+                        message = new_object(Message)
                     message.target_typename = typename
                     message.target_id = id_
                     message.typed_value = value
                 else:  # (it raises, in the call's try, as the per-message path's does)
                     message = None
-                stats = plan.stats
                 began = 0.0 if stats.invocations & sample_mask else perf_counter()
                 # -- call
                 try:
                     if message is None:
                         message = Message(typename, id_, value)
-                    plan.fun(context, message)
+                    fun(context, message)
                 except Exception as exc:
                     if gathered:
                         flush()
@@ -312,26 +336,23 @@ class InboxSlices:
                 # -- apply: state, then messages and delayed messages, then egress (gathered)
                 stats.invocations += 1
                 dirty = storage._dirty
-                if dirty or plan.has_ttl:
-                    if plan.has_ttl:  # (the storage may be kept past the call: a copy)
+                if dirty or has_ttl:
+                    if has_ttl:  # (the storage may be kept past the call: a copy)
                         new = storage._values.copy()
                     else:
                         # the copy the storage made at its first write, from now on the
                         # state's: the storage's next write (kept past the call) copies again
                         new = storage._values
-                        storage._dirty = UNWRITTEN
-                    for name in dirty:  # a deleted state is None in values
-                        if new.get(name, _ELSEWHERE) is None:
-                            del new[name]
-                    if plan.has_ttl:
+                        storage._dirty = unwritten
+                    if type(dirty) is deleting:  # a deleted state is None in values
+                        for name in dirty:
+                            if new.get(name, elsewhere) is None:
+                                del new[name]
+                    if has_ttl:
                         new = with_deadlines(new, plan.specs, dirty, now)
-                    if groups is not None and new:
-                        group = groups.get(key_group)
-                        if group is None:
-                            put(key_group, key, new)
-                        else:
-                            group[key] = new
-                    else:
+                    if group is not None and new:
+                        group[key] = new
+                    else:  # (a new group, or no values left, or not the memory backend)
                         put(key_group, key, new)
                     if typename is not with_state:  # (once per type and slice)
                         state_types.add(typename)
@@ -342,7 +363,7 @@ class InboxSlices:
                 last_key = key
                 messages = context.messages
                 delayed = context.delayed
-                if messages or delayed:
+                if messages is not nothing_sent or delayed is not nothing_sent:
                     # the records so far reach the sinks first: whatever a send sets off (a
                     # reply released, a clustered worker's exchange) sees them there
                     if gathered:
@@ -364,6 +385,7 @@ class InboxSlices:
                 done += 1
         finally:
             try:
+                del inbox[:taken]
                 flush()
             finally:
                 if done:

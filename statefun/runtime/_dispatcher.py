@@ -170,7 +170,7 @@ class Dispatcher(InboxSlices):
         self.index = index
         self.job = job
         self._clock = job.clock  # ms since the epoch: the TTL deadlines
-        self.inbox: deque[InboxEntry] = deque()
+        self.inbox: list[InboxEntry] = []
         #: addresses with a batch in flight -> the messages waiting for the next batch
         self.busy: dict[AddressKey, deque[Envelope]] = {}
         #: addresses with a batch in flight -> that batch (its effects are not applied yet)

@@ -15,7 +15,8 @@ class Envelope:
     __slots__ = ("caller", "id", "typename", "value", "wire")
 
     def __init__(self, typename: str, id_: str, value: Any, caller: SdkAddress | None) -> None:
-        # (a source's IngressPort, runtime/_ingress_port.py, sets these five itself)
+        # (IngressPort.submit, runtime/_ingress_port.py, and Router.emit_many set these five
+        # themselves)
         self.typename = typename
         self.id = id_
         self.value = value  # anything with typename / has_value / value

@@ -26,7 +26,13 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
 from statefun.sdk._spec import SdkAddress
 
-__all__ = ["Router", "Subtask"]
+__all__ = ["Route", "Router", "Subtask"]
+
+_new_object = object.__new__
+
+#: how keyBy reaches an address: (key group, the address's own tuple, the inbox of the subtask
+#: owning it or None, whether its function is remote)
+Route = tuple[int, tuple[str, str], Any, bool]
 
 
 class Subtask(Protocol):
@@ -47,7 +53,10 @@ class Router(Admission):
     ) -> None:
         super().__init__(settings, functions, changed)
         self._reply = reply
-        self._key_groups: dict[tuple[str, str], int] = {}  # a cache of key_group_for
+        #: address (typename, id) -> its route: (key group, the address's own tuple, the
+        #: inbox of the subtask owning it (None: a subtask without one), whether its function
+        #: is remote); a cache (bounded: cleared when full, and when the subtasks change)
+        self._routes: dict[tuple[str, str], Route] = {}
         #: key group -> the subtask owning it
         self.subtask_of: list[Subtask] = []
         #: key group -> its subtask's inbox (a dispatcher's ``inbox``; None: a subtask without
@@ -59,6 +68,7 @@ class Router(Admission):
         p, max_p = len(subtasks), self.settings.max_parallelism
         self.subtask_of[:] = [subtasks[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)]
         self._inbox_of[:] = [getattr(subtask, "inbox", None) for subtask in self.subtask_of]
+        self._routes.clear()
 
     def reroute(self, key_groups: Iterable[int], subtask: Subtask) -> None:
         """Route ``key_groups`` to ``subtask`` instead (a clustered worker sends the messages
@@ -66,6 +76,7 @@ class Router(Admission):
         for key_group in key_groups:
             self.subtask_of[key_group] = subtask
             self._inbox_of[key_group] = getattr(subtask, "inbox", None)
+        self._routes.clear()
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
         self.send(Envelope(typename, id_, value, caller))
@@ -90,7 +101,8 @@ class Router(Admission):
             settings.max_in_flight_remote_messages if remote else settings.max_in_flight_messages
         )
         room = self.room
-        key_groups = self._key_groups
+        routes = self._routes
+        new_object = _new_object
         subtask_of = self.subtask_of
         # the counts in flight, kept here and written back (offer() does not read them)
         pending, pending_remote = self.pending, self.pending_remote
@@ -99,10 +111,10 @@ class Router(Admission):
                 if not room.open:
                     return index
                 id_, value = messages[index]
-                address = (typename, id_)
-                key_group = key_groups.get(address)
-                if key_group is None:
-                    key_group = self._new_key_group(address)
+                route = routes.get((typename, id_))
+                if route is None:
+                    route = self._route((typename, id_))
+                key_group, address, inbox, _ = route
                 pending += 1
                 if remote:
                     pending_remote += 1
@@ -110,9 +122,16 @@ class Router(Admission):
                         room.clear()
                 elif pending - pending_remote >= limit:
                     room.clear()
-                subtask_of[key_group].offer(
-                    Envelope(typename, id_, value, None), key_group, address
-                )
+                # Envelope(typename, id_, value, None) without the call of its __init__
+                envelope = new_object(Envelope)
+                envelope.typename = typename
+                envelope.id = id_
+                envelope.value = value
+                envelope.caller = envelope.wire = None
+                if inbox:  # (as in ``send``)
+                    inbox.append((envelope, key_group, address))
+                else:
+                    subtask_of[key_group].offer(envelope, key_group, address)
         finally:
             self.pending, self.pending_remote = pending, pending_remote
         return len(messages)
@@ -123,29 +142,33 @@ class Router(Admission):
         if typename == REPLY_TYPENAME:
             self._reply(envelope)
             return
-        address = (typename, envelope.id)
-        key_group = self._key_groups.get(address)
-        if key_group is None:
-            key_group = self._new_key_group(address)
+        route = self._routes.get((typename, envelope.id))
+        if route is None:
+            route = self._route((typename, envelope.id))
+        # (the address as the route holds it: one tuple per address, which the slice loop
+        # tells apart from others by identity)
+        key_group, address, inbox, remote = route
         self.pending = pending = self.pending + 1
-        if (self._kinds.get(typename) or self._kind(typename))[0]:
+        if remote:
             self.pending_remote += 1
             full = self.pending_remote >= self.settings.max_in_flight_remote_messages
         else:
             full = pending - self.pending_remote >= self.settings.max_in_flight_messages
         if full and self.room.open:
             self.room.clear()
-        inbox = self._inbox_of[key_group]
         if inbox:  # (what the dispatcher's offer does while its inbox holds messages)
             inbox.append((envelope, key_group, address))
         else:
             self.subtask_of[key_group].offer(envelope, key_group, address)
 
-    def _new_key_group(self, address: tuple[str, str]) -> int:
-        """The key group of ``address`` (typename, id), computed and kept in the cache, which
-        ``send`` and ``emit_many`` read first (bounded: cleared when full)."""
-        if len(self._key_groups) >= 100_000:
-            self._key_groups.clear()
+    def _route(self, address: tuple[str, str]) -> Route:
+        """The route of ``address`` (typename, id), computed and kept in the cache, which
+        ``send`` and ``emit_many`` read first."""
+        routes = self._routes
+        if len(routes) >= 100_000:
+            routes.clear()
         key_group = key_group_for(*address, self.settings.max_parallelism)
-        self._key_groups[address] = key_group
-        return key_group
+        typename = address[0]
+        remote = (self._kinds.get(typename) or self._kind(typename))[0]
+        route = routes[address] = (key_group, address, self._inbox_of[key_group], remote)
+        return route

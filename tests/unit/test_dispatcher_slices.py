@@ -13,11 +13,13 @@ restored from a checkpoint.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -199,11 +201,16 @@ def run(
     batched: bool,
     slice_size: int,
     crash_after: int | None = None,
+    backend: str = "memory",
 ) -> dict[str, Any]:
     """Everything observable of ``workload`` run by a job (``crash_after``: a checkpoint after
     that step, more steps, then a crash and a restore before the last step's time passes)."""
     Dispatcher.batched = batched
-    overrides = {"remote_failure_policy": "dead-letter", "dispatcher_slice": slice_size}
+    overrides = {
+        "remote_failure_policy": "dead-letter",
+        "dispatcher_slice": slice_size,
+        "state_backend": backend,
+    }
     with JobHarness(module, overrides=overrides, checkpoints=crash_after is not None) as job:
         for index, (messages, ms) in enumerate(workload):
             for target, id_, word in messages:
@@ -234,12 +241,51 @@ def run(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(workload=steps, slice_size=st.sampled_from([1, 3, 512]))
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_the_slice_loop_does_what_the_per_message_path_does(
-    module: Path, workload: list[Step], slice_size: int
+    module: Path, backend: str, workload: list[Step], slice_size: int
 ) -> None:
-    per_message = run(module, workload, batched=False, slice_size=slice_size)
-    sliced = run(module, workload, batched=True, slice_size=slice_size)
+    per_message = run(module, workload, batched=False, slice_size=slice_size, backend=backend)
+    sliced = run(module, workload, batched=True, slice_size=slice_size, backend=backend)
     assert sliced == per_message
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    messages=st.lists(
+        st.tuples(st.sampled_from(["t/count", "t/relay"]), st.sampled_from(IDS)), max_size=40
+    ),
+    limit=st.integers(1, 50),
+)
+def test_one_slice_takes_what_a_queue_would_and_leaves_the_rest_in_order(
+    messages: list[tuple[str, str]], limit: int
+) -> None:
+    """One slice against a FIFO queue: it takes messages from the head until ``limit`` of them
+    finished, sees the ones its invocations send to its own inbox meanwhile (a relay sends
+    two: to t/count, and to t/nobody, which no endpoint serves: a dead letter, finished too),
+    and leaves the rest in the inbox, in order."""
+    endpoints = tuple(
+        EmbeddedEndpointSpec(FunctionTarget("t", name), f"{__name__}:functions")
+        for name in ("count", "relay")
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        given = {"parallelism": "1", "dead_letter_path": f"{folder}/dead-letters.jsonl"}
+        job = Job(ModuleSpec(endpoints=endpoints), Settings.load(given, environ={}), sources=[])
+        (dispatcher,) = job.dispatchers
+        queue = [(typename, id_) for typename, id_ in messages]
+        for typename, id_ in messages:
+            job.send(Envelope(typename, id_, to_typed_value(StringType, "a"), None))
+        finished = 0
+        while queue and finished < limit:
+            typename, id_ = queue.pop(0)
+            if typename == "t/relay":
+                queue += [("t/count", id_), ("t/nobody", id_)]
+            finished += 1
+        with mock.patch("statefun.runtime._batch.SLICE_SECONDS", 3600.0):  # (no time limit)
+            assert dispatcher._run_slice(dispatcher.inbox, limit) == finished
+    assert [(envelope.typename, envelope.id) for envelope, _, _ in dispatcher.inbox] == queue
+    assert [key for _, _, key in dispatcher.inbox] == queue
+    assert job.pending == len(queue)
 
 
 @settings(

@@ -28,11 +28,15 @@ def new_job(settings: Settings) -> Job:
 
 
 def seen(job: Job) -> Any:
-    """What the job holds: per dispatcher its inbox and busy mailboxes, and the counters."""
+    """What the job holds: per dispatcher its inbox (every field of each envelope: emit_many
+    makes them without ``Envelope.__init__``) and busy mailboxes, and the counters."""
     return (
         [
             (
-                [(e.typename, e.id, e.value.value, kg) for e, kg, _ in d.inbox],
+                [
+                    (type(e), e.typename, e.id, e.value.value, e.caller, e.wire, kg, key)
+                    for e, kg, key in d.inbox
+                ],
                 {k: [(e.id, e.value.value, e.wire) for e in m] for k, m in d.busy.items()},
             )
             for d in job.dispatchers

@@ -17,7 +17,7 @@ import pytest
 from statefun._kafka import import_kafka
 from statefun.ingress.kafka import KafkaSource, _Route
 from statefun.module import KafkaTopicSpec
-from statefun.sdk import StringType
+from statefun.sdk import StringType, TypedValue
 from tests._support import EmitMany
 
 import_kafka()
@@ -47,6 +47,14 @@ class Context(EmitMany):
             self.more.clear()
 
     def emit(self, typename: str, id_: str, value: Any, caller: Any = None) -> None:
+        # every slot as TypedValue's __init__ sets it (a run's values are made without it)
+        made = TypedValue(value.typename, value.value)
+        assert type(value) is TypedValue
+        assert (value.typename, value.has_value, value.value) == (
+            made.typename,
+            made.has_value,
+            made.value,
+        )
         self.got.append((typename, id_, bytes(value.value)))
 
     async def submit(self, typename: str, id_: str, value: Any, caller: Any = None) -> None:

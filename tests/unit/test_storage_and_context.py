@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statefun._exceptions import InvalidTypeNameError, StateTypeMismatchError
 from statefun.sdk import (
@@ -32,7 +34,9 @@ from statefun.sdk._context import DelayedMessage, InvocationContext, address_fro
 from statefun.sdk._proto import request_reply_pb2
 from statefun.sdk._spec import address_of
 from statefun.sdk._storage import (
+    UNWRITTEN,
     AddressStorage,
+    Deleting,
     make_storage_class,
     storage_mutations,
     unknown_state_hint,
@@ -222,6 +226,39 @@ def test_a_storage_made_own_writes_its_values_in_place() -> None:
     del s.name
     assert s._values is given and given == {"count": tv(IntType, 4), "name": None}
     assert storage_mutations(s) == [("count", tv(IntType, 4)), ("name", None)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    own=st.booleans(),
+    given_names=st.sets(st.sampled_from(["count", "name", "flag"])),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["count", "name", "flag"]), st.booleans()), max_size=8
+    ),
+)
+def test_the_names_written_and_whether_any_was_deleted_against_a_model(
+    own: bool, given_names: set[str], steps: list[tuple[str, bool]]
+) -> None:
+    """``_dirty`` holds each name written or deleted once, in the order first touched, and
+    is a ``Deleting`` whenever the values hold a deleted state (None; also once one deleted
+    was written again): the slice loop looks for deleted names only then."""
+    values = {"count": tv(IntType, 1), "name": tv(StringType, "a"), "flag": tv(BoolType, True)}
+    written = {"count": 7, "name": "b", "flag": False}
+    s = Storage(FN, {name: values[name] for name in given_names}, own=own)
+    touched: list[str] = []
+    for name, delete in steps:
+        if delete:
+            delattr(s, name)
+        else:
+            setattr(s, name, written[name])
+        if name not in touched:
+            touched.append(name)
+    dirty = s._dirty
+    assert list(dirty) == touched
+    assert (dirty is UNWRITTEN) == (not touched and not own)
+    if any(value is None for value in s._values.values()):
+        assert type(dirty) is Deleting
+    assert (type(dirty) is Deleting) == any(delete for _, delete in steps)
 
 
 def test_delete_of_an_absent_value_is_reported() -> None:
