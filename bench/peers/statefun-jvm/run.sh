@@ -36,13 +36,19 @@ if [[ -z "$java_home" ]]; then
 fi
 java="$java_home/bin/java"
 
-# Build once; rebuild only when pom.xml or the launcher sources change.
+# Build once; rebuild only when pom.xml or the launcher sources change. A lock serializes
+# runs that start at the same time (tests in parallel): one builds, the others wait for it.
 stamp="$here/target/.built"
+mkdir -p "$here/target"
+exec 9>"$here/target/.build.lock"
+flock 9
 if [[ ! -f "$stamp" || -n "$(find "$here/pom.xml" "$here/src" -newer "$stamp" -print -quit)" ]]; then
   echo "statefun-jvm: building (mvn package) ..." >&2
   (cd "$here" && JAVA_HOME="$java_home" mvn -q -B package -DskipTests >&2)
   touch "$stamp"
 fi
+flock -u 9
+exec 9>&-
 
 # Flink 1.16 (closure cleaner, Kryo, serializers, netty) reflects into JDK internals;
 # on Java 17 these packages must be opened, otherwise job translation fails with
