@@ -37,8 +37,10 @@ lint: $(STAMP)
 	@for d in sdk ingress egress; do ln -s "$(CURDIR)/$$d" build/typecheck/statefun/$$d; done
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p statefun
 
+# Three workers on two cores: most tests wait on processes and a broker more than they compute.
+# Each worker starts its own Kafka broker; tests/_parallel.py says which tests share a worker.
 test: lint
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n 3 --durations=25
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from statefun._testing.ports import free_port as free_port
 
 __all__ = [
     "SMOKE_HELP",
@@ -66,13 +67,6 @@ def cpu_seconds(pid: int | None = None) -> float:
         return t.user + t.system
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def terminate(process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from statefun._testing.ports import free_port as free_port
+from statefun._testing.ports import free_ports as free_ports
 
 
 class EmitMany:
@@ -29,13 +31,6 @@ class EmitMany:
                 return index
             self.emit(typename, *messages[index])
         return len(messages)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def endpoint_yaml(functions_file: Path, remote_url: str | None, namespace: str = "model") -> str:

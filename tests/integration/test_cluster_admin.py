@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from statefun._keygroups import key_group_for
+from tests._support import free_port
 from tests.integration.test_cluster_workers import Cluster, model_counts, read_outputs
 from tests.integration.test_console_browser import browser, open_page  # noqa: F401
 
@@ -26,18 +26,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 MESSAGES = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class AdminCluster(Cluster):
     """Workers with an admin port each."""
 
     def __init__(self, tmp: Path, bootstrap: str) -> None:
         super().__init__(tmp, bootstrap)
-        self.ports = {"w0": _free_port(), "w1": _free_port()}
+        self.ports = {"w0": free_port(), "w1": free_port()}
 
     def settings(self, worker: str) -> dict[str, str]:
         settings = super().settings(worker)

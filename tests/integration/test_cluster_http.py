@@ -10,9 +10,7 @@ those is in the egress."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +31,7 @@ from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.cluster import ClusterConfig, cluster_config, ensure_topics
 from statefun.cluster._keys import KEY_TYPENAME, key_id
+from tests._support import free_ports
 from tests.integration.test_cluster_workers import (
     _assigned_last,
     _partitions_of,
@@ -46,25 +45,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 FNS = Path(__file__).parent / "fns" / "cluster_http_fns.py"
 PARTITIONS = 8
 WORKERS = ("w0", "w1")
-
-
-def _free_ports(count: int) -> int:
-    """A port P with P .. P + count - 1 free on 127.0.0.1 (worker i serves P + i)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port + count > 65536:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for offset in range(count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 class HttpCluster:
@@ -84,7 +64,7 @@ class HttpCluster:
         self.extra = extra or {}
         self.job_id = f"chttp-{uuid.uuid4().hex[:8]}"
         self.output = f"{self.job_id}-out"
-        self.port = _free_ports(len(names))
+        self.port = free_ports(len(names))  # worker i serves port + i
         self.module = tmp / "module.yaml"
         self.module.write_text(
             "kind: io.pystatefun.endpoints.v1/embedded\nspec:\n  functions: chttp/*\n"

@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,16 +51,11 @@ from statefun.runtime._envelope import Envelope
 from statefun.sdk import IntType
 from statefun.sdk._types import TypedValue
 from statefun.state.memory import MemoryStateBackend
+from tests._support import free_port
 from tests.integration.test_cluster_workers import Cluster, model_counts, read_outputs, state_counts
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 STATEFUN = [sys.executable, "-m", "statefun"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: float = 60) -> None:
@@ -79,7 +73,7 @@ def _wait_http(url: str, process: subprocess.Popen[bytes], log: Path, seconds: f
 def _single_process(cluster: Cluster, folder: Path, *extra: str) -> tuple[Any, Path, int]:
     """``statefun run`` of the job in one process, with an admin port."""
     folder.mkdir()
-    port = _free_port()
+    port = free_port()
     args = [*STATEFUN, "run", str(cluster.module), "--quiet", *extra]
     for name, value in {
         "checkpoint_dir": str(folder / "checkpoints"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import free_ports
 from tests.integration.test_cluster_workers import Cluster, model_counts, read_outputs, state_counts
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -25,20 +25,6 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
     return found
-
-
-def _two_free_ports() -> int:
-    """A port P with P + 1 free too."""
-    while True:
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
 
 
 def _worker_of(port: int) -> str:
@@ -56,7 +42,7 @@ def _worker_of(port: int) -> str:
 
 def test_run_workers_restarts_a_killed_worker(tmp_path: Path, bootstrap: str) -> None:
     cluster = Cluster(tmp_path, bootstrap)
-    admin_port = _two_free_ports()
+    admin_port = free_ports(2)
     args = [sys.executable, "-m", "statefun", "run", str(cluster.module), "--workers", "2"]
     args += ["--set", f"admin_port={admin_port}"]  # worker i: admin_port + i
     for name, value in cluster.settings("node").items():
