@@ -47,7 +47,7 @@ _missing = missing_jvm_tools()
 pytestmark = [
     pytest.mark.jvm,
     pytest.mark.kafka,
-    pytest.mark.timeout(420),  # a first Maven build fetches ~300 MB
+    pytest.mark.timeout(900),  # a first Maven build fetches ~300 MB (or waits for another)
     pytest.mark.skipif(_missing is not None, reason=_missing or ""),
 ]
 
