@@ -41,6 +41,12 @@ a topic of its own (named in the record):
 
 Producers run in another process; the reader (read_committed) in this one.
 
+With the backlog phases, each repeat also drives the function server alone (no runtime, no
+Kafka: bench/_server_alone.py) with the hot key's batches back to back: the ceiling of the
+hot-key backlog on this machine. The runtimes' records/s are printed as shares of it, and the
+ceiling over StateFun's records/s is the most that any runtime could show against StateFun
+there.
+
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 6 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --repeat 3  # medians of 3 runs each
@@ -97,6 +103,7 @@ from bench._jvm_processes import (  # noqa: E402
     start_statefun_jvm,
     wait_checkpoints,
 )
+from bench._server_alone import Alone, drive  # noqa: E402
 from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E402
 
 TEMPLATE = PEER_DIR / "bench-counter-module.yaml"
@@ -462,6 +469,33 @@ def ratios(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def ceiling(runs: list[Run], alone: list[Alone]) -> str:
+    """The hot-key backlog's ceiling (bench/_server_alone.py) and each runtime's share of it."""
+    rates = [a.records_per_s for a in alone]
+    best = statistics.median(rates)
+    cpu = statistics.median(a.server_cpu_s / a.wall_s for a in alone if a.wall_s)
+    lines = [
+        f"- one hot key, backlog: the function server alone (no runtime, one batch of 1,000 "
+        f"in flight) {best:,.0f} records/s{_spread(rates)}, CPU: function server {cpu:.2f}"
+    ]
+    reached: dict[tuple[str, str], float] = {}
+    for run in runs:
+        for phase in run.phases:
+            if phase.name == "one hot key, backlog" and phase.outputs:
+                reached[run.runtime, run.semantic] = phase.records_per_s
+                lines.append(
+                    f"- {run.semantic}, {run.runtime}: {phase.records_per_s / best:.0%} of it"
+                )
+    for semantic in SEMANTICS:
+        theirs = reached.get(("statefun-jvm", semantic))
+        if theirs:
+            lines.append(
+                f"- {semantic}: no runtime could reach more than {best / theirs:.2f}x StateFun's "
+                f"records/s in this phase here"
+            )
+    return "\n".join(lines)
+
+
 def metrics_cost(runs: list[Run]) -> str:
     """pystatefun with metrics (the default) against ``metrics=false``, pair by pair: the runs of
     one repeat and semantic, one after the other. Records per runtime CPU-second is the figure
@@ -583,6 +617,7 @@ def main() -> int:
     say(versions)
     load_before = os.getloadavg()
     runs: list[Run] = []
+    alone: list[Alone] = []  # the function server without a runtime, once per repeat
     with tempfile.TemporaryDirectory(prefix="bench-jvm-") as tmp:
         work = Path(tmp)
         broker = (
@@ -614,6 +649,12 @@ def main() -> int:
                                     strict=args.smoke,
                                 )
                             )
+                    if args.phases in ("all", "backlog"):
+                        alone.append(drive(port, server.process.pid, backlog))
+                        say(
+                            f"the function server alone, one hot key: "
+                            f"{alone[-1].records_per_s:,.0f} records/s"
+                        )
             finally:
                 server.stop()
     load = os.getloadavg()
@@ -632,6 +673,9 @@ def main() -> int:
     print()
     print(ratios(merged))
     print()
+    if alone:
+        print(ceiling(merged, alone))
+        print()
     cost = metrics_cost(runs)
     if cost:
         print(cost)

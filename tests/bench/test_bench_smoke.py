@@ -124,6 +124,8 @@ def test_statefun_jvm_vs_pystatefun(bootstrap: str) -> None:
     for semantic in ("exactly-once", "at-least-once"):
         for runtime in ("pystatefun", "statefun-jvm"):
             assert f"| {semantic} | {runtime} |" in out, f"{runtime} {semantic} missing:\n{out}"
+            assert f"- {semantic}, {runtime}: " in out, f"no share of the ceiling:\n{out}"
+    assert "- one hot key, backlog: the function server alone" in out, out
 
 
 def test_testkit() -> None:
