@@ -34,6 +34,7 @@ from statefun.cluster._keys import KEY_TYPENAME, key_id
 from tests._support import free_ports
 from tests.integration.test_cluster_workers import (
     _assigned_last,
+    _one_generation,
     _partitions_of,
     read_outputs,
     state_counts,
@@ -116,7 +117,7 @@ class HttpCluster:
         deadline = time.monotonic() + seconds
         while True:
             logs = {w: self.log(w).read_text(errors="replace") for w in self.workers}
-            if all(_assigned_last(text) for text in logs.values()):
+            if _one_generation(logs.values()):
                 return
             for worker, process in self.workers.items():
                 assert process.poll() is None, f"{worker} exited: {logs[worker][-2000:]}"

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,7 @@ class Cluster:
         deadline = time.monotonic() + seconds
         while True:
             logs = {w: self.log(w).read_text(errors="replace") for w in workers}
-            if all(_assigned_last(text) for text in logs.values()):
+            if _one_generation(logs.values()):
                 return
             for worker in workers:
                 code = self.workers[worker].poll()
@@ -144,6 +144,17 @@ class Cluster:
 def _assigned_last(text: str) -> bool:
     lines = [line for line in text.splitlines() if "partitions assigned:" in line]
     return bool(lines) and "partitions assigned: none;" not in lines[-1]
+
+
+def _one_generation(logs: Iterable[str]) -> bool:
+    """Each log's last assignment has partitions, and no two of them overlap: a worker that
+    has not logged a rebalance yet still shows what it held before, which another's share
+    overlaps."""
+    texts = list(logs)
+    if not all(_assigned_last(text) for text in texts):
+        return False
+    shares = [_partitions_of(text) for text in texts]
+    return sum(map(len, shares)) == len(set().union(*shares))
 
 
 @pytest.fixture
