@@ -472,11 +472,11 @@ def ratios(runs: list[Run]) -> str:
 def ceiling(runs: list[Run], alone: list[Alone]) -> str:
     """The hot-key backlog's ceiling (bench/_server_alone.py) and each runtime's share of it."""
     rates = [a.records_per_s for a in alone]
-    best = statistics.median(rates)
+    bound = statistics.median(rates)
     cpu = statistics.median(a.server_cpu_s / a.wall_s for a in alone if a.wall_s)
     lines = [
-        f"- one hot key, backlog: the function server alone (no runtime, one batch of 1,000 "
-        f"in flight) {best:,.0f} records/s{_spread(rates)}, CPU: function server {cpu:.2f}"
+        f"- one hot key, backlog: the function server alone (no runtime, one batch of up to "
+        f"1,000 in flight) {bound:,.0f} records/s{_spread(rates)}, CPU: function server {cpu:.2f}"
     ]
     reached: dict[tuple[str, str], float] = {}
     for run in runs:
@@ -484,13 +484,13 @@ def ceiling(runs: list[Run], alone: list[Alone]) -> str:
             if phase.name == "one hot key, backlog" and phase.outputs:
                 reached[run.runtime, run.semantic] = phase.records_per_s
                 lines.append(
-                    f"- {run.semantic}, {run.runtime}: {phase.records_per_s / best:.0%} of it"
+                    f"- {run.semantic}, {run.runtime}: {phase.records_per_s / bound:.0%} of it"
                 )
     for semantic in SEMANTICS:
         theirs = reached.get(("statefun-jvm", semantic))
         if theirs:
             lines.append(
-                f"- {semantic}: no runtime could reach more than {best / theirs:.2f}x StateFun's "
+                f"- {semantic}: no runtime could reach more than {bound / theirs:.2f}x StateFun's "
                 f"records/s in this phase here"
             )
     return "\n".join(lines)

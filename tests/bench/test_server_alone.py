@@ -79,8 +79,8 @@ def test_the_report_gives_each_runtimes_share_and_the_most_any_could_show() -> N
     alone = [Alone(1000, 0.01, 0.009), Alone(1000, 0.0125, 0.01)]  # 100k and 80k records/s
     report = ceiling([run("pystatefun", 45_000.0), run("statefun-jvm", 40_000.0)], alone)
     assert report.splitlines() == [
-        "- one hot key, backlog: the function server alone (no runtime, one batch of 1,000 in "
-        "flight) 90,000 records/s (80,000-100,000), CPU: function server 0.85",
+        "- one hot key, backlog: the function server alone (no runtime, one batch of up to 1,000 "
+        "in flight) 90,000 records/s (80,000-100,000), CPU: function server 0.85",
         "- at-least-once, pystatefun: 50% of it",
         "- at-least-once, statefun-jvm: 44% of it",
         "- at-least-once: no runtime could reach more than 2.25x StateFun's records/s in this "
