@@ -52,6 +52,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,12 +86,9 @@ def _use_checkout(root: Path) -> None:
     sys.meta_path.insert(0, CheckoutFinder())
 
 
-def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
-    """Run ``rounds`` rounds of ``keys`` messages through the slice loop; check the counts."""
-    _use_checkout(root)
-    import gc
-
-    from bench.embedded_dispatch import one_round
+def _counter_job(metrics: str) -> tuple[Any, Any]:
+    """A ``Job`` with bench/runtime_e2e.py's counter embedded and no sources, and its sink
+    (imported from the checkout in use: call after ``_use_checkout``)."""
     from bench.runtime_e2e import FUNCTION_TARGET, TimingSink
     from statefun._settings import Settings
     from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
@@ -99,16 +97,40 @@ def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
     endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
     sink = TimingSink()
-    job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+    return Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink]), sink
+
+
+def _run_slices(job: Any) -> None:
+    """Every dispatcher works off its inbox, slice by slice."""
+    slice_size = job.settings.dispatcher_slice
+    for dispatcher in job.dispatchers:
+        inbox = dispatcher.inbox
+        while inbox:
+            dispatcher._run_slice(inbox, slice_size)
+
+
+def _check(root: Path, job: Any, sink: Any, sent: int) -> None:
+    """Exit unless the sink saw each of the ``sent`` messages once and none is pending."""
+    if len(sink.seqs) != sent or job.pending:
+        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {sent}")
+    if sorted(sink.seqs) != list(range(sent)):
+        raise SystemExit(f"{root}: the sink's records are not each message once")
+    print(f"ok {sent}")
+
+
+def worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
+    """Run ``rounds`` rounds of ``keys`` messages through the slice loop; check the counts."""
+    _use_checkout(root)
+    import gc
+
+    from bench.embedded_dispatch import one_round
+
+    job, sink = _counter_job(metrics)
     ids = [f"key-{i}" for i in range(keys)]
     gc.disable()
     for round_ in range(rounds):
         one_round(job, ids, round_ * keys, True)
-    if len(sink.seqs) != rounds * keys or job.pending:
-        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
-    if sorted(sink.seqs) != list(range(rounds * keys)):
-        raise SystemExit(f"{root}: the sink's records are not each message once")
-    print(f"ok {rounds * keys}")
+    _check(root, job, sink, rounds * keys)
 
 
 def submit_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
@@ -118,41 +140,26 @@ def submit_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     import asyncio
     import gc
 
-    from bench.runtime_e2e import COUNTER, FUNCTION_TARGET, INT_TYPENAME, TimingSink
+    from bench.runtime_e2e import COUNTER, INT_TYPENAME
     from bench.runtime_e2e import _serialize_int as serialize
-    from statefun._settings import Settings
-    from statefun.module._specs import EmbeddedEndpointSpec, FunctionTarget, ModuleSpec
-    from statefun.runtime import Job
     from statefun.runtime._ingress_port import IngressPort
     from statefun.sdk import TypedValue
 
-    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
-    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
-    sink = TimingSink()
     ids = [f"key-{i}" for i in range(keys)]
 
-    async def main() -> Job:
-        job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
-        port = IngressPort(job, job.router)
-        submit = port.submit
-        slice_size = job.settings.dispatcher_slice
+    async def main() -> tuple[Any, Any]:
+        job, sink = _counter_job(metrics)
+        submit = IngressPort(job, job.router).submit
         for round_ in range(rounds):
             first = round_ * keys
             for i, id_ in enumerate(ids):  # (with room for all, no submit waits)
                 await submit(COUNTER, id_, TypedValue(INT_TYPENAME, serialize(first + i)))
-            for dispatcher in job.dispatchers:
-                inbox = dispatcher.inbox
-                while inbox:
-                    dispatcher._run_slice(inbox, slice_size)
-        return job
+            _run_slices(job)
+        return job, sink
 
     gc.disable()
-    job = asyncio.run(main())
-    if len(sink.seqs) != rounds * keys or job.pending:
-        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
-    if sorted(sink.seqs) != list(range(rounds * keys)):
-        raise SystemExit(f"{root}: the sink's records are not each message once")
-    print(f"ok {rounds * keys}")
+    job, sink = asyncio.run(main())
+    _check(root, job, sink, rounds * keys)
 
 
 def kafka_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
@@ -161,32 +168,21 @@ def kafka_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
     _use_checkout(root)
     import gc
 
-    from bench.runtime_e2e import FUNCTION_TARGET, INT_TYPENAME, TimingSink, _serialize_int
+    from bench.runtime_e2e import INT_TYPENAME, _serialize_int
     from statefun._kafka import import_kafka
-    from statefun._settings import Settings
     from statefun.ingress.kafka import KafkaSource, _Route
-    from statefun.module._specs import (
-        EmbeddedEndpointSpec,
-        FunctionTarget,
-        KafkaTopicSpec,
-        ModuleSpec,
-    )
-    from statefun.runtime import Job
+    from statefun.module._specs import KafkaTopicSpec
     from statefun.runtime._ingress_port import IngressPort
 
     import_kafka()
     from kafka.consumer.fetcher import ConsumerRecord
 
-    settings = Settings.load({"metrics": metrics, "max_in_flight_messages": "100000"}, environ={})
-    endpoint = EmbeddedEndpointSpec(FunctionTarget("bench", "counter"), FUNCTION_TARGET)
-    sink = TimingSink()
-    job = Job(ModuleSpec(endpoints=(endpoint,)), settings, sources=[], sinks=[sink])
+    job, sink = _counter_job(metrics)
     topic = KafkaTopicSpec("in", INT_TYPENAME, ("bench/counter",))
     source = KafkaSource("bench/in", "127.0.0.1:1", [topic])
     port = IngressPort(job, job.router)
     routes = {"in": _Route(topic, port)}
     ids = [f"key-{i}".encode() for i in range(keys)]
-    slice_size = job.settings.dispatcher_slice
     gc.disable()
     for round_ in range(rounds):
         first = round_ * keys
@@ -204,15 +200,8 @@ def kafka_worker(root: Path, rounds: int, keys: int, metrics: str) -> None:
             pass
         else:
             raise SystemExit(f"{root}: the Kafka ingress waited for room")
-        for dispatcher in job.dispatchers:
-            inbox = dispatcher.inbox
-            while inbox:
-                dispatcher._run_slice(inbox, slice_size)
-    if len(sink.seqs) != rounds * keys or job.pending:
-        raise SystemExit(f"{root}: the sink saw {len(sink.seqs)} records of {rounds * keys}")
-    if sorted(sink.seqs) != list(range(rounds * keys)):
-        raise SystemExit(f"{root}: the sink's records are not each message once")
-    print(f"ok {rounds * keys}")
+        _run_slices(job)
+    _check(root, job, sink, rounds * keys)
 
 
 def sdk_worker(root: Path, rounds: int, batch: int) -> None:
