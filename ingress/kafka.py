@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -52,6 +52,9 @@ from statefun.ingress._records import BUILTIN_TYPES
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
 from statefun.sdk._types import TypedValue
+
+if TYPE_CHECKING:
+    from statefun.ingress._kafka_librdkafka import Fetcher
 
 _new_object = object.__new__
 
@@ -173,6 +176,11 @@ class KafkaSource(Source):
         self._last_snapshot: dict[str, int] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-source-{ingress_id}")
         self._consumer: Any = None
+        # records fetched by librdkafka where the properties allow it (_kafka_librdkafka.py)
+        from statefun.ingress._kafka_librdkafka import fetch_config
+
+        self._fetch_config = fetch_config(bootstrap_servers, group_id, props, ingress_id)
+        self._fetcher: Fetcher | None = None
         self.emitted = 0
         self.rejected = 0
 
@@ -208,6 +216,14 @@ class KafkaSource(Source):
             raise UnavailableError(
                 f"ingress {self.ingress_id}: cannot reach Kafka at {self.bootstrap_servers}: {exc}"
             ) from exc
+        if isinstance(self._fetch_config, dict):
+            from statefun.ingress._kafka_librdkafka import Fetcher
+
+            self._fetcher = Fetcher(self.ingress_id, self._fetch_config)
+            return
+        log.info(
+            "ingress %s: records fetched by kafka-python: %s", self.ingress_id, self._fetch_config
+        )
         from statefun.ingress._kafka_fetch import install
 
         unsupported = install(self._consumer)
@@ -241,6 +257,8 @@ class KafkaSource(Source):
         self._consumer.assign([kafka.TopicPartition(t, p) for t, p in found])
         for (topic, partition), offset in starts.items():
             self._consumer.seek(kafka.TopicPartition(topic, partition), offset)
+        if self._fetcher is not None:
+            self._fetcher.assign(found, starts, self._positions)
         self._assigned.update(new)
         return starts, missing
 
@@ -294,6 +312,8 @@ class KafkaSource(Source):
         if not self._assigned:
             time.sleep(_POLL_TIMEOUT_MS / 1000)
             return []
+        if self._fetcher is not None:
+            return self._fetcher.poll(self.batch_size, _POLL_TIMEOUT_MS / 1000)
         polled = self._consumer.poll(timeout_ms=_POLL_TIMEOUT_MS, max_records=self.batch_size)
         return [record for records in polled.values() for record in records]
 
@@ -306,6 +326,9 @@ class KafkaSource(Source):
         self._consumer.commit(offsets)
 
     def _close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
         if self._consumer is not None:
             self._consumer.close(autocommit=False)
             self._consumer = None
@@ -533,8 +556,12 @@ class KafkaSource(Source):
         offsets: dict[str, tuple[int, int | None]] = {}
         for (topic, partition), offset in list(self._positions.items()):
             end = None
-            if consumer is not None:
+            fetcher = self._fetcher
+            if fetcher is not None:
                 with contextlib.suppress(Exception):  # (a consumer being closed)
+                    end = fetcher.highwater(topic, partition)
+            elif consumer is not None:
+                with contextlib.suppress(Exception):
                     end = consumer.highwater(import_kafka().TopicPartition(topic, partition))
             behind = None if end is None else max(0, end - offset)
             offsets[f"{topic}:{partition}"] = (offset, behind)

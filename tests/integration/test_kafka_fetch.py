@@ -2,7 +2,8 @@
 broker: a consumer with it reads the same ConsumerRecords, and ends at the same positions, as
 kafka-python's own reader - through compressed batches, transactions committed and aborted
 (read_committed and read_uncommitted), headers and nulls, and polls that stop mid-batch; the
-ingress uses it, and without it (another kafka-python) still reads, saying why it is slower."""
+ingress uses it when kafka-python fetches (``pystatefun.fetch.client: kafka-python``), and
+without it (another kafka-python) still reads, saying why it is slower."""
 
 from __future__ import annotations
 
@@ -105,6 +106,17 @@ def read(bootstrap: str, topic: str, isolation_level: str, lean: bool) -> tuple[
         consumer.close()
 
 
+def assert_same_records(
+    ours: list[Any], theirs: list[Any], sent: int, isolation_level: str
+) -> None:
+    """Each partition's records alike, and all of :func:`fill`'s that the level lets through."""
+    for partition in (0, 1):  # (fetches interleave the partitions as they come)
+        assert [r for r in ours if r.partition == partition] == [
+            r for r in theirs if r.partition == partition
+        ]
+    assert len(ours) == (sent - 80 if isolation_level == "read_committed" else sent)
+
+
 @pytest.mark.parametrize("isolation_level", ["read_committed", "read_uncommitted"])
 def test_the_same_records_as_kafka_pythons_reader(
     bootstrap: str,
@@ -115,13 +127,8 @@ def test_the_same_records_as_kafka_pythons_reader(
     sent = fill(bootstrap, topic)
     theirs, their_positions = read(bootstrap, topic, isolation_level, lean=False)
     ours, our_positions = read(bootstrap, topic, isolation_level, lean=True)
-    for partition in (0, 1):  # (fetches interleave the partitions as they come)
-        assert [r for r in ours if r.partition == partition] == [
-            r for r in theirs if r.partition == partition
-        ]
+    assert_same_records(ours, theirs, sent, isolation_level)
     assert our_positions == their_positions
-    expected = sent - 80 if isolation_level == "read_committed" else sent
-    assert len(ours) == expected
     assert {r.partition for r in ours} == {0, 1}
     assert any(r.headers for r in ours) and any(r.value is None for r in ours)
 
@@ -140,14 +147,17 @@ async def test_the_ingress_reads_with_it_and_without_it(
     producer.close()
     expected = [("kafka-test/counter", f"k{i % 3}", string(f"v{i}")) for i in range(30)]
 
-    source = kafka_source(bootstrap, topic, startup_position="earliest")
+    by_kafka_python = {"pystatefun.fetch.client": "kafka-python"}  # (else librdkafka fetches)
+    source = kafka_source(bootstrap, topic, startup_position="earliest", properties=by_kafka_python)
     assert await collect(source, Collector(), 30) == expected
     assert source._consumer._fetcher.PartitionRecords is LeanPartitionRecords
     await source.close()
 
     monkeypatch.setattr(kafka, "__version__", "3.9.0")
     with caplog.at_level(logging.WARNING, logger="statefun.ingress.kafka"):
-        source = kafka_source(bootstrap, topic, startup_position="earliest")
+        source = kafka_source(
+            bootstrap, topic, startup_position="earliest", properties=by_kafka_python
+        )
         assert await collect(source, Collector(), 30) == expected
     assert source._consumer._fetcher.PartitionRecords is not LeanPartitionRecords
     await source.close()

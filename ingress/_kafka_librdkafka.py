@@ -1,0 +1,215 @@
+"""A Kafka ingress's records fetched by librdkafka (the ``confluent-kafka`` package).
+
+The Kafka ingress keeps kafka-python for its control plane: topic metadata, start offsets,
+seeks, commits to its consumer group. Fetching is the data plane, and there kafka-python works
+in Python under the GIL: its network thread and the record parsing took about a third of the
+runtime's GIL samples at 2,000 records/s and about a fifth while it worked off a backlog.
+:class:`Fetcher` hands that to librdkafka, whose threads fetch, check and parse record batches
+in C: a consumer with partitions assigned at the ingress's offsets (no group membership, no
+commits), read by ``consume``. Its records are given to the ingress as the ``ConsumerRecord``
+values kafka-python gives (the same fields, built without namedtuple's keyword ``__new__``), so
+routing, positions, dead letters and checkpoints do not change.
+
+Only a plain connection is handed over: :func:`fetch_config` translates the few consumer
+properties that shape fetching and answers why not for any other (TLS, SASL, ...), and the
+ingress then fetches with kafka-python as before (as it does with the property
+``pystatefun.fetch.client: kafka-python``). Settings that differ between the clients are
+pinned to the Java client's defaults (``isolation.level`` read_uncommitted, CRCs checked).
+librdkafka's own log lines go to this module's logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import confluent_kafka
+
+from statefun._exceptions import ConfigurationError
+from statefun._kafka import import_kafka
+
+import_kafka()  # first: it quiets kafka-python's import-time warnings
+from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
+
+__all__ = ["FETCH_CLIENT", "Fetcher", "fetch_config"]
+
+log = logging.getLogger(__name__)
+
+_new_record = tuple.__new__  # a ConsumerRecord without namedtuple's keyword-taking __new__
+
+#: the ingress property that chooses the client that fetches: librdkafka (where the other
+#: properties allow it) or kafka-python
+FETCH_CLIENT = "pystatefun.fetch.client"
+
+#: Java consumer properties that only shape fetching, and their librdkafka names
+_FETCH_PROPERTIES = {
+    "client.id": "client.id",
+    "isolation.level": "isolation.level",
+    "fetch.min.bytes": "fetch.min.bytes",
+    "fetch.max.wait.ms": "fetch.wait.max.ms",
+    "fetch.max.bytes": "fetch.max.bytes",
+    "max.partition.fetch.bytes": "max.partition.fetch.bytes",
+    "check.crcs": "check.crcs",
+    "receive.buffer.bytes": "socket.receive.buffer.bytes",
+}
+#: properties the ingress reads itself or that change nothing here
+_OWN_PROPERTIES = frozenset({"max.poll.records", "auto.offset.reset", "group.id"})
+#: librdkafka's timestamp types -> kafka-python's (create time 0, log append time 1)
+_TIMESTAMP_TYPES = {0: 0, 1: 0, 2: 1}
+#: records fetched ahead of the ingress: at most this many KiB, and this many per partition
+_READ_AHEAD_KIB = 8192
+_READ_AHEAD_RECORDS = 10_000
+#: at most one line per this many seconds about records that could not be fetched
+_ERROR_LOG_INTERVAL_S = 10.0
+
+
+def fetch_config(
+    bootstrap_servers: str, group_id: str | None, properties: Mapping[str, str], owner: str
+) -> dict[str, Any] | str:
+    """librdkafka settings for fetching with these consumer properties, or why not."""
+    choice = properties.get(FETCH_CLIENT, "librdkafka").strip()
+    if choice not in ("librdkafka", "kafka-python"):
+        raise ConfigurationError(
+            f"ingress {owner}: property {FETCH_CLIENT}: expected librdkafka or kafka-python"
+        )
+    if choice == "kafka-python":
+        return f"property {FETCH_CLIENT} is kafka-python"
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        # required by the client; nothing joins the group or commits to it from here
+        "group.id": group_id or f"pystatefun-{owner}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "allow.auto.create.topics": False,
+        "isolation.level": "read_uncommitted",  # (librdkafka's default is read_committed)
+        "check.crcs": True,
+        # read ahead bounded (librdkafka's defaults: 64 MiB, 100,000 records per partition)
+        "queued.max.messages.kbytes": _READ_AHEAD_KIB,
+        "queued.min.messages": _READ_AHEAD_RECORDS,
+        # when that much waits, look again this soon (librdkafka's default 1 s held a backlog's
+        # drain to about one bound per second)
+        "fetch.queue.backoff.ms": 5,
+        "logger": log,
+    }
+    for name, value in properties.items():
+        if name.startswith("pystatefun.") or name in _OWN_PROPERTIES:
+            continue
+        if name == "security.protocol" and value.strip().upper() == "PLAINTEXT":
+            continue
+        target = _FETCH_PROPERTIES.get(name)
+        if target is None:
+            return f"property {name} is not handed to librdkafka"
+        config[target] = value
+    return config
+
+
+class Fetcher:
+    """One librdkafka consumer for an ingress's assigned partitions; used by one thread at a
+    time (the ingress's consumer thread), except :meth:`highwater`."""
+
+    def __init__(self, ingress_id: str, config: Mapping[str, Any]) -> None:
+        self.ingress_id = ingress_id
+        self._consumer = confluent_kafka.Consumer(dict(config))
+        self._assigned: list[tuple[str, int]] = []
+        self._errors = 0
+        self._error_logged = 0.0
+
+    def assign(
+        self,
+        partitions: Iterable[tuple[str, int]],
+        starts: Mapping[tuple[str, int], int],
+        positions: Mapping[tuple[str, int], int],
+    ) -> None:
+        """Fetch ``partitions``: those in ``starts`` from there, the others from the record
+        after the last one handed out (else from ``positions``)."""
+        partition_type = confluent_kafka.TopicPartition
+        wanted = list(partitions)
+        current: dict[tuple[str, int], int] = {}
+        if self._assigned:
+            for tp in self._consumer.position([partition_type(t, p) for t, p in self._assigned]):
+                if tp.offset >= 0:
+                    current[(tp.topic, tp.partition)] = tp.offset
+        offsets = []
+        for key in wanted:
+            offset = starts.get(key, current.get(key, positions.get(key)))
+            if offset is None:
+                offset = confluent_kafka.OFFSET_BEGINNING
+            offsets.append(partition_type(key[0], key[1], offset))
+        self._consumer.assign(offsets)
+        self._assigned = wanted
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Any]:
+        """Up to ``max_records`` records (ConsumerRecord values), waiting up to ``timeout_s``
+        for the first."""
+        consumer = self._consumer
+        # what is fetched already, at once; else the first record to come, and what came with
+        # it (``consume`` alone would wait for ``max_records`` or the timeout: latency)
+        messages = consumer.consume(max_records, 0)
+        if not messages:
+            first = consumer.poll(timeout_s)
+            if first is None:
+                return []
+            messages = (
+                [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+            )
+        records: list[Any] = []
+        append = records.append
+        new = _new_record
+        types = _TIMESTAMP_TYPES
+        for message in messages:
+            if message.error() is not None:
+                self._failed(message)
+                continue
+            key, value = message.key(), message.value()
+            kind, timestamp = message.timestamp()
+            headers: Any = message.headers()
+            append(
+                new(
+                    ConsumerRecord,
+                    (
+                        message.topic(),
+                        message.partition(),
+                        -1,
+                        message.offset(),
+                        timestamp,
+                        types.get(kind, 0),
+                        key,
+                        value,
+                        headers or [],
+                        None,
+                        -1 if key is None else len(key),
+                        -1 if value is None else len(value),
+                        -1 if not headers else sum(len(n) + len(v or b"") for n, v in headers),
+                    ),
+                )
+            )
+        return records
+
+    def _failed(self, message: Any) -> None:
+        self._errors += 1
+        now = time.monotonic()
+        if now - self._error_logged < _ERROR_LOG_INTERVAL_S:
+            return
+        self._error_logged = now
+        where = f"{message.topic()}/{message.partition()}" if message.topic() else "the consumer"
+        log.warning(
+            "ingress %s: fetching %s failed (%d failure(s) since the last line): %s",
+            self.ingress_id,
+            where,
+            self._errors,
+            message.error(),
+        )
+        self._errors = 0
+
+    def highwater(self, topic: str, partition: int) -> int | None:
+        """The partition's end as last fetched (None: not fetched yet)."""
+        tp = confluent_kafka.TopicPartition(topic, partition)
+        found = self._consumer.get_watermark_offsets(tp, cached=True)
+        high = None if found is None else found[1]
+        return None if high is None or high < 0 else int(high)
+
+    def close(self) -> None:
+        self._consumer.close()
