@@ -112,7 +112,10 @@ class Fetcher:
 
     def __init__(self, ingress_id: str, config: Mapping[str, Any]) -> None:
         self.ingress_id = ingress_id
-        self._consumer = confluent_kafka.Consumer(dict(config))
+        try:
+            self._consumer = confluent_kafka.Consumer(dict(config))
+        except confluent_kafka.KafkaException as exc:  # (only fetch settings: no secrets)
+            raise ConfigurationError(f"ingress {ingress_id}: {exc.args[0].str()}") from None
         self._assigned: list[tuple[str, int]] = []
         self._errors = 0
         self._error_logged = 0.0

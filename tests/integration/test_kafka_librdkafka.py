@@ -160,6 +160,10 @@ def test_fetch_config_hands_over_only_what_shapes_fetching() -> None:
     assert reason == "property sasl.jaas.config is not handed to librdkafka"  # (no value)
     with pytest.raises(ConfigurationError, match=r"pystatefun\.fetch\.client: expected"):
         fetch_config("h:1", None, {FETCH_CLIENT: "java"}, "in")
+    wrong = fetch_config("h:1", None, {"isolation.level": "sometimes"}, "in")
+    assert isinstance(wrong, dict)
+    with pytest.raises(ConfigurationError, match=r"ingress in: .*isolation\.level"):
+        Fetcher("in", wrong)
 
 
 @pytest.mark.timeout(30)
