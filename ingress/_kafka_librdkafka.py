@@ -66,9 +66,14 @@ _ERROR_LOG_INTERVAL_S = 10.0
 
 
 def fetch_config(
-    bootstrap_servers: str, group_id: str | None, properties: Mapping[str, str], owner: str
+    bootstrap_servers: str,
+    group_id: str | None,
+    properties: Mapping[str, str],
+    owner: str,
+    auto_offset_reset: str = "latest",
 ) -> dict[str, Any] | str:
-    """librdkafka settings for fetching with these consumer properties, or why not."""
+    """librdkafka settings for fetching with these consumer properties, or why not;
+    ``auto_offset_reset``: where an offset out of range goes, as in kafka-python."""
     choice = properties.get(FETCH_CLIENT, "librdkafka").strip()
     if choice not in ("librdkafka", "kafka-python"):
         raise ConfigurationError(
@@ -84,6 +89,7 @@ def fetch_config(
         "enable.auto.offset.store": False,
         "enable.partition.eof": False,
         "allow.auto.create.topics": False,
+        "auto.offset.reset": auto_offset_reset,  # earliest | latest
         "isolation.level": "read_uncommitted",  # (librdkafka's default is read_committed)
         "check.crcs": True,
         # read ahead bounded (librdkafka's defaults: 64 MiB, 100,000 records per partition)

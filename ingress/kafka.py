@@ -179,7 +179,9 @@ class KafkaSource(Source):
         # records fetched by librdkafka where the properties allow it (_kafka_librdkafka.py)
         from statefun.ingress._kafka_librdkafka import fetch_config
 
-        self._fetch_config = fetch_config(bootstrap_servers, group_id, props, ingress_id)
+        self._fetch_config = fetch_config(
+            bootstrap_servers, group_id, props, ingress_id, auto_offset_reset
+        )
         self._fetcher: Fetcher | None = None
         self.emitted = 0
         self.rejected = 0

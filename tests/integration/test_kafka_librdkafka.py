@@ -154,6 +154,9 @@ def test_fetch_config_hands_over_only_what_shapes_fetching() -> None:
     assert isinstance(defaults, dict)
     assert defaults["isolation.level"] == "read_uncommitted"  # the Java client's default
     assert defaults["check.crcs"] is True
+    assert defaults["auto.offset.reset"] == "latest"
+    earliest = fetch_config("127.0.0.1:9092", None, {}, "in", "earliest")
+    assert isinstance(earliest, dict) and earliest["auto.offset.reset"] == "earliest"
     reason = fetch_config("h:1", None, {"security.protocol": "SSL"}, "in")
     assert reason == "property security.protocol is not handed to librdkafka"
     reason = fetch_config("h:1", None, {"sasl.jaas.config": "secret"}, "in")
