@@ -50,7 +50,7 @@ from kafka.consumer.fetcher import ConsumerRecord, Fetcher, IsolationLevel  # no
 from kafka.errors import CorruptRecordError  # noqa: E402
 from kafka.record.default_records import DefaultRecordBatch  # noqa: E402
 
-__all__ = ["LeanPartitionRecords", "install", "lean_supported"]
+__all__ = ["LeanPartitionRecords", "header_size", "install", "lean_supported"]
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,8 @@ def _tp_name(tp: Any) -> str:
     return f"{tp.topic}-{tp.partition}"
 
 
-def _header_size(headers: list[tuple[str, bytes | None]]) -> int:
+def header_size(headers: list[tuple[str, bytes | None]]) -> int:
+    """A record's ``serialized_header_size`` as kafka-python gives it (-1: no headers)."""
     if not headers:
         return -1
     return sum(len(k.encode("utf-8")) + (len(v) if v is not None else 0) for k, v in headers)
@@ -234,7 +235,7 @@ def _consumer_record(
             checksum,
             -1 if key is None else len(key),
             -1 if value is None else len(value),
-            _header_size(headers),
+            header_size(headers),
         ),
     )
 
@@ -344,11 +345,11 @@ def _read_batch(tp: Any, batch: Any, epoch: int) -> tuple[list[Any], int]:
             b = data[pos]
             if b == 0:
                 headers: list[tuple[str, bytes | None]] = []
-                header_size = -1
+                headers_size = -1
                 pos += 1
             else:
                 headers, pos = _read_headers(data, pos, tp, offset)
-                header_size = _header_size(headers)
+                headers_size = header_size(headers)
             if pos != end:
                 raise CorruptRecordError(
                     f"Record of partition {_tp_name(tp)} at offset {offset}: its length says "
@@ -370,7 +371,7 @@ def _read_batch(tp: Any, batch: Any, epoch: int) -> tuple[list[Any], int]:
                         None,
                         key_size,
                         value_size,
-                        header_size,
+                        headers_size,
                     ),
                 )
             )

@@ -29,6 +29,7 @@ import confluent_kafka
 
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import import_kafka
+from statefun.ingress._kafka_fetch import header_size
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
 from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
@@ -191,7 +192,7 @@ class Fetcher:
                         None,
                         -1 if key is None else len(key),
                         -1 if value is None else len(value),
-                        -1 if not headers else sum(len(n) + len(v or b"") for n, v in headers),
+                        header_size(headers),
                     ),
                 )
             )
