@@ -5,7 +5,8 @@ the runtime's CPU per record, spread over a few steps that this script times one
 this process, on the same records as that benchmark (value ``b"<topic> <ns>"`` typed
 ``bench/stamp``, the counter function of bench/_jvm_counter.py):
 
-  route    a polled batch of 1,000 Kafka records through the Kafka ingress (``_route_all``)
+  route    a polled batch of 1,000 Kafka records (librdkafka's messages, as the default fetch
+           client hands them over) through the Kafka ingress (``_route_all``)
            into the mailbox of an address that has a batch in flight - one hot key, or 1,000
            keys - each message encoded there (encode-ahead)
   decode   a FromFunction of 1,000 results (state, 1,000 Kafka egress records) parsed
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
+import confluent_kafka  # noqa: E402
 
 from bench._common import SMOKE_HELP, progress, smoke_banner  # noqa: E402
 from bench._jvm_counter import functions  # noqa: E402
@@ -85,11 +86,9 @@ async def time_route(keys: int, rounds: int) -> float:
     source = KafkaSource("bench/in", "127.0.0.1:1", [topic])
     routes = {"bench-in": _Route(topic, job)}
     ids = [f"k{i % keys}".encode() for i in range(BATCH)]
+    # as the ingress's default fetch client (librdkafka) hands them over
     records = [
-        tuple.__new__(
-            ConsumerRecord,
-            ("bench-in", 0, 0, i, 0, 0, ids[i], STAMP, [], None, len(ids[i]), len(STAMP), -1),
-        )
+        confluent_kafka.Message(topic="bench-in", partition=0, offset=i, key=ids[i], value=STAMP)
         for i in range(BATCH)
     ]
     for id_ in set(ids):  # each address has a batch in flight

@@ -6,9 +6,10 @@ in Python under the GIL: its network thread and the record parsing took about a 
 runtime's GIL samples at 2,000 records/s and about a fifth while it worked off a backlog.
 :class:`Fetcher` hands that to librdkafka, whose threads fetch, check and parse record batches
 in C: a consumer with partitions assigned at the ingress's offsets (no group membership, no
-commits), read by ``consume``. Its records are given to the ingress as the ``ConsumerRecord``
-values kafka-python gives (the same fields, built without namedtuple's keyword ``__new__``), so
-routing, positions, dead letters and checkpoints do not change.
+commits), read by ``consume``. The ingress gets librdkafka's own messages: a run of valid ones
+is read where it is (:func:`message_run`, the hot path: no object per record beside its
+message), and any other record becomes the ``ConsumerRecord`` kafka-python gives
+(:func:`to_record`), so dead letters and what they say do not depend on the client.
 
 Only a plain connection is handed over: :func:`fetch_config` translates the few consumer
 properties that shape fetching and answers why not for any other (TLS, SASL, ...), and the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import confluent_kafka
@@ -30,11 +31,13 @@ import confluent_kafka
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import import_kafka
 from statefun.ingress._kafka_fetch import header_size
+from statefun.ingress._kafka_runs import messages
+from statefun.sdk._types import TypedValue
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
 from kafka.consumer.fetcher import ConsumerRecord  # noqa: E402
 
-__all__ = ["FETCH_CLIENT", "Fetcher", "fetch_config"]
+__all__ = ["FETCH_CLIENT", "MESSAGE", "Fetcher", "fetch_config", "message_run", "to_record"]
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +155,9 @@ class Fetcher:
         self._assigned = wanted
 
     def poll(self, max_records: int, timeout_s: float) -> list[Any]:
-        """Up to ``max_records`` records (ConsumerRecord values), waiting up to ``timeout_s``
-        for the first."""
+        """Up to ``max_records`` records as librdkafka's messages (:func:`to_record` makes a
+        ``ConsumerRecord`` of one, :func:`message_run` reads a run of them), waiting up to
+        ``timeout_s`` for the first."""
         consumer = self._consumer
         # what is fetched already, at once; else the first record to come, and what came with
         # it (``consume`` alone would wait for ``max_records`` or the timeout: latency)
@@ -165,37 +169,18 @@ class Fetcher:
             messages = (
                 [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
             )
-        records: list[Any] = []
-        append = records.append
-        new = _new_record
-        types = _TIMESTAMP_TYPES
         for message in messages:
             if message.error() is not None:
+                return self._without_errors(messages)
+        return messages
+
+    def _without_errors(self, messages: list[Any]) -> list[Any]:
+        records = []
+        for message in messages:
+            if message.error() is None:
+                records.append(message)
+            else:
                 self._failed(message)
-                continue
-            key, value = message.key(), message.value()
-            kind, timestamp = message.timestamp()
-            headers: Any = message.headers()
-            append(
-                new(
-                    ConsumerRecord,
-                    (
-                        message.topic(),
-                        message.partition(),
-                        -1,
-                        message.offset(),
-                        timestamp,
-                        types.get(kind, 0),
-                        key,
-                        value,
-                        headers or [],
-                        None,
-                        -1 if key is None else len(key),
-                        -1 if value is None else len(value),
-                        header_size(headers),
-                    ),
-                )
-            )
         return records
 
     def _failed(self, message: Any) -> None:
@@ -223,3 +208,56 @@ class Fetcher:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+#: the type of the records :meth:`Fetcher.poll` returns
+MESSAGE = confluent_kafka.Message
+
+
+def to_record(message: Any) -> Any:
+    """The kafka-python ``ConsumerRecord`` of a librdkafka message (the same fields)."""
+    key, value = message.key(), message.value()
+    kind, timestamp = message.timestamp()
+    headers: Any = message.headers()
+    return _new_record(
+        ConsumerRecord,
+        (
+            message.topic(),
+            message.partition(),
+            -1,
+            message.offset(),
+            timestamp,
+            _TIMESTAMP_TYPES.get(kind, 0),
+            key,
+            value,
+            headers or [],
+            None,
+            -1 if key is None else len(key),
+            -1 if value is None else len(value),
+            header_size(headers),
+        ),
+    )
+
+
+def message_run(
+    batch: list[Any],
+    start: int,
+    value_type: str,
+    validate: Callable[[bytes], Any] | None,
+) -> list[tuple[str, TypedValue]]:
+    """The (id, value) of each message from ``start`` on, up to the first that is not valid
+    or is of another partition: the ingress's run (``_kafka_runs.py``) read from librdkafka's
+    messages where they are (no ``ConsumerRecord`` per message; on the hot path)."""
+    first = batch[start]
+    topic, partition = first.topic(), first.partition()
+    pairs: list[tuple[bytes, bytes]] = []
+    append = pairs.append
+    for index in range(start, len(batch)):
+        message = batch[index]
+        key, value = message.key(), message.value()
+        if key is None or value is None or message.partition() != partition:
+            break
+        if message.topic() != topic:  # (a poll's messages come grouped by partition)
+            break
+        append((key, value))
+    return messages(pairs, value_type, validate)

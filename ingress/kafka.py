@@ -48,6 +48,7 @@ from statefun._kafka import (
 from statefun._kafka._dead_letters import DeadLetterProducer, dead_letter_entries, headers
 from statefun._kafka._yaml import parse_ingress
 from statefun.connectors import ConnectorContext, ConnectorKind
+from statefun.ingress._kafka_runs import messages
 from statefun.ingress._records import BUILTIN_TYPES
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
@@ -56,7 +57,6 @@ from statefun.sdk._types import TypedValue
 if TYPE_CHECKING:
     from statefun.ingress._kafka_librdkafka import Fetcher
 
-_new_object = object.__new__
 
 __all__ = ["DEFAULT_POLL_RECORDS", "KIND", "KafkaSource"]
 
@@ -177,12 +177,16 @@ class KafkaSource(Source):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-source-{ingress_id}")
         self._consumer: Any = None
         # records fetched by librdkafka where the properties allow it (_kafka_librdkafka.py)
-        from statefun.ingress._kafka_librdkafka import fetch_config
+        from statefun.ingress import _kafka_librdkafka as librdkafka
 
-        self._fetch_config = fetch_config(
+        self._fetch_config = librdkafka.fetch_config(
             bootstrap_servers, group_id, props, ingress_id, auto_offset_reset
         )
         self._fetcher: Fetcher | None = None
+        # what routing reads librdkafka's messages with
+        self._message_type: type = librdkafka.MESSAGE
+        self._to_record = librdkafka.to_record
+        self._message_run = librdkafka.message_run
         self.emitted = 0
         self.rejected = 0
 
@@ -412,12 +416,19 @@ class KafkaSource(Source):
         other record goes out on its own (``_route``).
         """
         positions = self._positions
+        # librdkafka's messages (_kafka_librdkafka.py) or kafka-python's ConsumerRecords
+        raw = bool(batch) and type(batch[0]) is self._message_type
         index, end = 0, len(batch)
         while index < end:
-            record = batch[index]
+            record = self._to_record(batch[index]) if raw else batch[index]
             route = routes[record.topic]
             target = route.single
-            run = None if target is None else self._valid_run(batch, index, route)
+            if target is None:
+                run = None
+            elif raw:
+                run = self._message_run(batch, index, route.value_type, route.validate)
+            else:
+                run = self._valid_run(batch, index, route)
             if target is None or not run:
                 if not context.has_room():
                     await context.room()
@@ -433,7 +444,8 @@ class KafkaSource(Source):
                 now = context.emit_many(target, run, sent)
                 if now > sent:
                     self.emitted += now - sent
-                    positions[partition] = batch[index + now - 1].offset + 1
+                    last = batch[index + now - 1]
+                    positions[partition] = (last.offset() if raw else last.offset) + 1
                     sent = now
                 if sent == len(run):
                     break
@@ -446,8 +458,8 @@ class KafkaSource(Source):
         or is of another partition."""
         first = batch[start]
         topic, partition = first.topic, first.partition
-        value_type, validate = route.value_type, route.validate
-        run: list[tuple[str, TypedValue]] = []
+        pairs: list[tuple[bytes, bytes]] = []
+        append = pairs.append
         for index in range(start, len(batch)):
             record = batch[index]
             key, value = record.key, record.value
@@ -455,18 +467,8 @@ class KafkaSource(Source):
                 break
             if record.topic != topic:  # (a poll's records come grouped by partition)
                 break
-            try:
-                id_ = key.decode("utf-8")
-                if validate is not None:
-                    validate(value)
-            except (UnicodeDecodeError, DecodeError, ValueError, TypeError):
-                break  # (_route says why)
-            typed = _new_object(TypedValue)  # TypedValue(value_type, value) without its __init__
-            typed.typename = value_type
-            typed.has_value = True  # (value is not None)
-            typed.value = value
-            run.append((id_, typed))
-        return run
+            append((key, value))
+        return messages(pairs, route.value_type, route.validate)
 
     async def _discover(self, first: bool) -> None:
         starts, missing = await self._call(self._assign, first)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from statefun._exceptions import ConfigurationError
-from statefun.ingress._kafka_librdkafka import FETCH_CLIENT, Fetcher, fetch_config
+from statefun.ingress._kafka_librdkafka import FETCH_CLIENT, Fetcher, fetch_config, to_record
 from tests.integration.test_kafka_fetch import assert_same_records, fill, read
 from tests.integration.test_kafka_io import (
     Collector,
@@ -40,8 +40,8 @@ def fetch_all(bootstrap: str, topic: str, isolation_level: str, count: int) -> l
         deadline = time.monotonic() + 30
         while len(got) < count:
             assert time.monotonic() < deadline, f"{len(got)} of {count} records"
-            got.extend(fetcher.poll(7, 0.2))  # (small polls: they stop inside batches)
-        got.extend(fetcher.poll(100, 0.5))  # nothing more
+            got.extend(map(to_record, fetcher.poll(7, 0.2)))  # (small polls stop inside batches)
+        got.extend(map(to_record, fetcher.poll(100, 0.5)))  # nothing more
         for partition in (0, 1):
             end = max(r.offset for r in got if r.partition == partition)
             assert fetcher.highwater(topic, partition) > end
@@ -183,6 +183,6 @@ def test_a_poll_hands_over_what_came_without_waiting_for_a_full_batch(
         fetcher.assign([(topic, 0)], {(topic, 0): 0}, {})
         # a batch of 2,000 may take a minute to fill: the one record comes back first
         got = fetcher.poll(2000, 60.0)
-        assert [(r.key, r.offset) for r in got] == [(b"k", 0)]
+        assert [(m.key(), m.offset()) for m in got] == [(b"k", 0)]
     finally:
         fetcher.close()

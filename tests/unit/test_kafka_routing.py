@@ -3,7 +3,9 @@ random batches with bad records among the good ones, against a model of routing 
 a time. Whenever the runtime is full the source must stop right after the last message it had
 room for, with each partition's position just past the last record it emitted or rejected (a
 checkpoint taken then resumes with nothing lost and nothing twice).
-tests/integration/test_kafka_io.py does the same through a real broker."""
+The same batches go through as kafka-python's ConsumerRecords and as librdkafka's messages
+(what each fetch client hands over). tests/integration/test_kafka_io.py does the same through
+a real broker."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import logging
 import random
 from typing import Any
 
+import confluent_kafka
 import pytest
 
 from statefun._kafka import import_kafka
@@ -75,6 +78,25 @@ def record(topic: str, partition: int, offset: int, key: Any, value: Any) -> Any
     )
 
 
+def as_messages(batch: list[Any]) -> list[Any]:
+    """The records as librdkafka's fetcher hands them over."""
+    return [
+        confluent_kafka.Message(
+            topic=r.topic,
+            partition=r.partition,
+            offset=r.offset,
+            key=r.key,
+            value=r.value,
+            headers=r.headers or None,
+            timestamp=(1, r.timestamp),
+        )
+        for r in batch
+    ]
+
+
+CLIENTS = ("kafka-python", "librdkafka")
+
+
 def random_batch(rng: random.Random) -> list[Any]:
     """Records of a few topic-partitions, each partition's in one stretch (as a poll gives)."""
     good = StringType.serializer().serialize("v")
@@ -131,16 +153,18 @@ def source() -> tuple[KafkaSource, dict[str, _Route], Context]:
     return kafka_source, {t.topic: _Route(t, context) for t in topics}, context
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("seed", range(40))
 async def test_a_polled_batch_stops_where_room_ends_with_exact_positions(
-    seed: int, caplog: pytest.LogCaptureFixture
+    seed: int, client: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.CRITICAL, logger="statefun")  # the rejections' log lines
     rng = random.Random(seed)
     batch = random_batch(rng)
     model = expected(batch)
     kafka_source, routes, context = source()
-    routing = asyncio.create_task(kafka_source._route_all(batch, routes, context))
+    polled = batch if client == "kafka-python" else as_messages(batch)
+    routing = asyncio.create_task(kafka_source._route_all(polled, routes, context))
     while True:
         waited = asyncio.create_task(context.waiting.wait())
         await asyncio.wait([routing, waited], return_when=asyncio.FIRST_COMPLETED)
@@ -171,3 +195,20 @@ async def test_a_polled_batch_stops_where_room_ends_with_exact_positions(
     assert kafka_source.rejected == sum(
         1 for r, messages in model if not messages or r.topic == "unknown-too"
     )
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_both_clients_records_give_the_same_messages_and_dead_letters(
+    seed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL, logger="statefun")
+    batch = random_batch(random.Random(seed))
+    seen = {}
+    for client in CLIENTS:
+        kafka_source, routes, context = source()
+        context.limit = 10**6
+        polled = batch if client == "kafka-python" else as_messages(batch)
+        await kafka_source._route_all(polled, routes, context)
+        seen[client] = (context.got, context.dead, kafka_source._positions)
+    assert seen["kafka-python"] == seen["librdkafka"]
+    assert seen["kafka-python"][1]  # (there were rejected records to compare)
