@@ -3,7 +3,8 @@
 ``KafkaSink`` (``kafka.py``) keeps the records and the checkpoint protocol on the event loop
 and hands every producer call to one thread, in call order; this is what runs there: a plain
 producer (at-least-once, none) and the two transactional producers of the exactly-once
-slots, records handed over a list at a time (``_kafka_append.py``), transactions begun,
+slots, records handed over a list at a time (``_kafka_append.py``; the plain producer's to
+librdkafka where the properties allow it, ``_kafka_librdkafka.py``), transactions begun,
 sealed (acknowledged), committed with their marker, aborted at close, and the recovery of
 sealed transactions from a checkpoint. See the docstring of ``kafka.py`` for the protocol.
 """
@@ -12,11 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import UnavailableError
 from statefun._kafka import import_kafka
+
+if TYPE_CHECKING:
+    from statefun.egress._kafka_librdkafka import Sender
 
 __all__ = ["SLOTS", "Producers", "Row", "Transaction"]
 
@@ -30,6 +35,8 @@ Transaction = tuple[int, str, list[Row]]
 #: the exactly-once producer slots (``transactional.id`` ``<base>-0`` and ``<base>-1``)
 SLOTS = (0, 1)
 _SEND_TIMEOUT_S = 120.0
+#: semantic none: at most one line per this many seconds about records that failed
+_DROPPED_LOG_INTERVAL_S = 10.0
 #: How long ``close`` waits for the abort of a transaction still open.
 _ABORT_TIMEOUT_S = 5.0
 
@@ -46,6 +53,7 @@ class Producers:
         transactional_config: dict[str, Any],
         consumer_config: dict[str, Any],
         send_offsets: Callable[[Any, int, str, str], None],
+        send_config: dict[str, Any] | str = "not given",
     ) -> None:
         self.egress_id = egress_id
         self.bootstrap_servers = bootstrap_servers
@@ -60,6 +68,12 @@ class Producers:
         #: with its records (the sink's, which subclasses may replace)
         self._send_offsets = send_offsets
         self.plain: Any = None  # KafkaProducer (at-least-once, none)
+        #: librdkafka's settings for the plain producer's records, or why kafka-python sends
+        #: them (_kafka_librdkafka.py)
+        self._send_config = send_config
+        self.sender: Sender | None = None  # the plain producer on librdkafka
+        self._dropped = 0  # semantic none: records that failed since the last line
+        self._dropped_logged = 0.0
         self._tx_producers: list[Any] = [None for _ in SLOTS]  # KafkaProducer per slot
         self._tx_open = [False for _ in SLOTS]  # a transaction begun, not committed
         self._tx_sent: list[Any] = [None for _ in SLOTS]  # Delivery of each open transaction
@@ -193,7 +207,20 @@ class Producers:
             self._failed = error
             log.error("egress %s: a Kafka transaction failed: %r", self.egress_id, error)
 
+    def _sender(self) -> Sender:
+        if self.sender is None:
+            from statefun.egress._kafka_librdkafka import Sender
+
+            assert isinstance(self._send_config, dict)
+            self.sender = Sender(self.egress_id, self._send_config)
+        return self.sender
+
     def produce(self, rows: list[Row], wait: bool) -> None:
+        """Send ``rows``; with ``wait``, wait for their acknowledgements (ConnectionError if
+        any failed). The plain producer: librdkafka's where the properties allow it."""
+        if isinstance(self._send_config, dict):
+            self._send(rows, wait)
+            return
         producer = self._plain_producer()
         if not wait:
             try:
@@ -220,6 +247,34 @@ class Producers:
                 f"egress {self.egress_id}: {sum(n for _, n in failures)} of {len(rows)} "
                 f"record(s) not acknowledged by Kafka: {failures[0][0]!r}"
             )
+
+    def _send(self, rows: list[Row], wait: bool) -> None:
+        sender = self._sender()
+        if wait:
+            sender.send(rows)
+            failures = sender.wait(_SEND_TIMEOUT_S)
+            if failures:
+                raise ConnectionError(
+                    f"egress {self.egress_id}: {sum(n for _, n in failures)} of {len(rows)} "
+                    f"record(s) not acknowledged by Kafka: {_text(failures[0][0])}"
+                )
+            return
+        try:
+            sender.send(rows)
+        except ConnectionError as exc:
+            log.error("egress %s: records dropped (semantic none): %s", self.egress_id, exc)
+        failures = sender.failures()
+        self._dropped += sum(n for _, n in failures)
+        now = time.monotonic()
+        if self._dropped and now - self._dropped_logged >= _DROPPED_LOG_INTERVAL_S:
+            self._dropped_logged = now
+            log.error(
+                "egress %s: %d record(s) dropped (semantic none) since the last line: %s",
+                self.egress_id,
+                self._dropped,
+                _text(failures[0][0]) if failures else "see above",
+            )
+            self._dropped = 0
 
     def recover_transactions(self, transactions: list[Transaction], slot: int, legacy: bool) -> int:
         """Commit the transactions (oldest first) that did not reach Kafka; how many."""
@@ -263,6 +318,9 @@ class Producers:
         if producer is not None:
             self._appenders.pop(id(producer), None)
             producer.close(timeout=10)
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            sender.close(10)
 
     def _abort(self, producer: Any, slot: int) -> None:
         """Abort slot ``slot``'s open transaction, so that readers need not wait for its
@@ -287,6 +345,11 @@ class Producers:
                 self.transactional_ids[slot],
                 _ABORT_TIMEOUT_S,
             )
+
+
+def _text(error: Any) -> str:
+    """An error as one line: librdkafka's text, else its repr."""
+    return str(error.str()) if hasattr(error, "str") else repr(error)
 
 
 def _close_quietly(producer: Any, timeout: float) -> None:

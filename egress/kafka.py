@@ -58,10 +58,13 @@ no key. A record that is not one is logged and sent to the dead-letter topic if
   restarts from its last checkpoint. ``close`` aborts transactions still open, with the
   producers' own epoch, so a zombie never fences a newer run.
 
-kafka-python is blocking: every producer call runs on one dedicated thread, in call order.
-Records go to a producer a list at a time, appended to its batches in one pass with one
-outcome per batch (``statefun.egress._kafka_append``), not a ``send`` and a future per record;
-the producers and their transactions are ``_kafka_producers.py``, what runs on that thread.
+The producers are blocking: every producer call runs on one dedicated thread, in call order.
+The plain producer (at-least-once, none) is librdkafka's where the properties allow it
+(``_kafka_librdkafka.py``: its threads batch and send in C); the transactional ones, and the
+plain one otherwise, are kafka-python's. Records go to a kafka-python producer a list at a
+time, appended to its batches in one pass with one outcome per batch
+(``statefun.egress._kafka_append``), not a ``send`` and a future per record; the producers and
+their transactions are ``_kafka_producers.py``, what runs on that thread.
 See docs/kafka.md.
 """
 
@@ -123,7 +126,8 @@ class _Sealed:
 
 
 class KafkaSink(Sink):
-    """Produces to Kafka with kafka-python on a dedicated thread."""
+    """Produces to Kafka on a dedicated thread: with librdkafka or kafka-python (at-least-once,
+    none), with kafka-python's transactions (exactly-once)."""
 
     def __init__(
         self,
@@ -180,6 +184,26 @@ class KafkaSink(Sink):
         self._slot: int | None = 0  # the filling transaction's producer slot; None: none free
         self._pending: dict[int, _Sealed] = {}  # sealed, not committed yet: by checkpoint id
         #: the producers and their transactions: the producer thread's own
+        # the plain producer's records sent by librdkafka where the properties allow it
+        from statefun.egress._kafka_librdkafka import produce_config
+
+        send_config = (
+            "exactly-once sends in Kafka transactions"
+            if self.transactional
+            else produce_config(
+                bootstrap_servers,
+                props,
+                owner,
+                int(config["linger_ms"]),
+                int(config["batch_size"]),
+            )
+        )
+        if not self.transactional:
+            log.info(
+                "egress %s: records sent by %s",
+                egress_id,
+                "librdkafka" if isinstance(send_config, dict) else f"kafka-python: {send_config}",
+            )
         self._producers = Producers(
             egress_id,
             bootstrap_servers,
@@ -188,6 +212,7 @@ class KafkaSink(Sink):
             self._transactional_config,
             self._consumer_config,
             self._send_offsets,
+            send_config,
         )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-sink-{egress_id}")
         self.produced = 0

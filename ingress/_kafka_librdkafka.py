@@ -29,7 +29,7 @@ from typing import Any
 import confluent_kafka
 
 from statefun._exceptions import ConfigurationError
-from statefun._kafka import import_kafka
+from statefun._kafka import import_kafka, librdkafka_config
 from statefun.ingress._kafka_fetch import header_size
 from statefun.ingress._kafka_runs import messages
 from statefun.sdk._types import TypedValue
@@ -78,13 +78,6 @@ def fetch_config(
 ) -> dict[str, Any] | str:
     """librdkafka settings for fetching with these consumer properties, or why not;
     ``auto_offset_reset``: where an offset out of range goes, as in kafka-python."""
-    choice = properties.get(FETCH_CLIENT, "librdkafka").strip()
-    if choice not in ("librdkafka", "kafka-python"):
-        raise ConfigurationError(
-            f"ingress {owner}: property {FETCH_CLIENT}: expected librdkafka or kafka-python"
-        )
-    if choice == "kafka-python":
-        return f"property {FETCH_CLIENT} is kafka-python"
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
         # required by the client; nothing joins the group or commits to it from here
@@ -104,16 +97,9 @@ def fetch_config(
         "fetch.queue.backoff.ms": 5,
         "logger": log,
     }
-    for name, value in properties.items():
-        if name.startswith("pystatefun.") or name in _OWN_PROPERTIES:
-            continue
-        if name == "security.protocol" and value.strip().upper() == "PLAINTEXT":
-            continue
-        target = _FETCH_PROPERTIES.get(name)
-        if target is None:
-            return f"property {name} is not handed to librdkafka"
-        config[target] = value
-    return config
+    return librdkafka_config(
+        properties, FETCH_CLIENT, _FETCH_PROPERTIES, _OWN_PROPERTIES, config, f"ingress {owner}"
+    )
 
 
 class Fetcher:

@@ -1,6 +1,6 @@
 """What the Kafka ingress and egress share: kafka-python imported and checked (``_client``),
-client settings from Kafka properties (``_config``), dead letters of bad records
-(``_dead_letters``) and the Kafka kinds' YAML (``_yaml``)."""
+client settings from Kafka properties, for kafka-python and librdkafka (``_config``), dead
+letters of bad records (``_dead_letters``) and the Kafka kinds' YAML (``_yaml``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from statefun._kafka._config import (
     JSON_VALUE_TYPES,
     interval_ms,
     kafka_client_config,
+    librdkafka_config,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "internals_unsupported",
     "interval_ms",
     "kafka_client_config",
+    "librdkafka_config",
 ]

@@ -77,6 +77,35 @@ def kafka_client_config(
     return config
 
 
+def librdkafka_config(
+    properties: Mapping[str, str],
+    choice: str,
+    names: Mapping[str, str],
+    ignored: frozenset[str],
+    config: dict[str, Any],
+    owner: str,
+) -> dict[str, Any] | str:
+    """``config`` with the properties librdkafka takes added under its ``names`` for them, or
+    why kafka-python is the client instead: the property ``choice`` says so, or a property
+    (other than ``pystatefun.*``, the ``ignored`` ones, plain ``security.protocol``) has no
+    librdkafka name here (TLS, SASL, ...)."""
+    chosen = properties.get(choice, "librdkafka").strip()
+    if chosen not in ("librdkafka", "kafka-python"):
+        raise ConfigurationError(f"{owner}: property {choice}: expected librdkafka or kafka-python")
+    if chosen == "kafka-python":
+        return f"property {choice} is kafka-python"
+    for name, value in properties.items():
+        if name.startswith("pystatefun.") or name in ignored:
+            continue
+        if name == "security.protocol" and value.strip().upper() == "PLAINTEXT":
+            continue
+        target = names.get(name)
+        if target is None:
+            return f"property {name} is not handed to librdkafka"
+        config[target] = value
+    return config
+
+
 def _coerce(key: str, text: str, default: Any) -> Any:
     if key == "acks":
         return "all" if text.strip().lower() == "all" else int(text)

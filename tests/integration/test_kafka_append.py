@@ -1,6 +1,7 @@
-"""Bulk appends to kafka-python's producer (statefun.egress._kafka_append) on the real broker:
-the same partitions and order as ``send``, one outcome per batch, batches the broker splits or
-refuses, and the egress's fallback to ``send``."""
+"""Bulk appends to kafka-python's producer (statefun.egress._kafka_append) on the real broker
+(the egress's exactly-once producers, and its plain one with ``pystatefun.produce.client:
+kafka-python``): the same partitions and order as ``send``, one outcome per batch, batches the
+broker splits or refuses, and the egress's fallback to ``send``."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from statefun.egress._kafka_append import (
     flush,
     send_each,
 )
+from statefun.egress._kafka_librdkafka import PRODUCE_CLIENT
 from statefun.egress._kafka_partitioner import KeyPartitioner
 from statefun.egress.kafka import KafkaSink
 from tests.integration.test_kafka_io import (
@@ -154,7 +156,9 @@ async def test_a_batch_the_broker_finds_too_large_fails_at_once_naming_the_setti
     egress's flush fails at once, not after its timeout, names the setting, keeps the records,
     and leaves the stuck producer behind."""
     topic = topic_with(bootstrap, "split", max_message_bytes="4096")
-    sink = KafkaSink(EGRESS, bootstrap, "at-least-once")
+    sink = KafkaSink(
+        EGRESS, bootstrap, "at-least-once", properties={PRODUCE_CLIENT: "kafka-python"}
+    )
     for n in range(100):
         sink.write(kafka_record(topic, f"{n:04d}" + "x" * 200, key="k"))
     started = time.monotonic()
@@ -212,7 +216,12 @@ async def test_the_egress_falls_back_to_send(
     """A kafka-python whose internals differ: records go through send(), same results."""
     monkeypatch.setattr(_kafka_append, "bulk_supported", lambda producer: "not this one")
     topic = topic_with(bootstrap, "fallback")
-    sink = KafkaSink(EGRESS, bootstrap, semantic, properties={"transactional.id": unique("fb")})
+    sink = KafkaSink(
+        EGRESS,
+        bootstrap,
+        semantic,
+        properties={"transactional.id": unique("fb"), PRODUCE_CLIENT: "kafka-python"},
+    )
     with caplog.at_level(logging.WARNING, logger="statefun.egress.kafka"):
         await sink.start()
         try:
