@@ -31,9 +31,10 @@ function server of bench/statefun_jvm_vs_pystatefun.py; per invocation.
 
 ``--workload kafka-ingress`` counts the slice loop's work behind the Kafka ingress instead
 of ``Job.send``: per round, a polled batch of ``--keys`` records of one partition (an
-``IntType`` value each, ``ConsumerRecord`` tuples made in the round, as the client's are) goes
-through ``KafkaSource._route_all`` (the run of valid records: key decoded, value checked;
-``emit_many``; the positions), then the dispatchers' slices as above; per record.
+``IntType`` value each, ``ConsumerRecord`` tuples made in the round, as kafka-python's client
+gives them) goes through ``KafkaSource._route_all`` (the run of valid records: key decoded,
+value checked; ``emit_many``; the positions), then the dispatchers' slices as above; per
+record.
 
 ``--compare DIR`` runs DIR's ``statefun`` (with its sdk/, ingress/, egress/) and its
 bench/embedded_dispatch.py in this virtualenv. Without valgrind (not installed) only

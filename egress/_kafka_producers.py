@@ -117,6 +117,9 @@ class Producers:
     def _plain_producer(self) -> Any:
         if self.plain is None:
             self.plain = self._new_producer(self._plain_config)
+            log.info(
+                "egress %s: records sent by kafka-python: %s", self.egress_id, self._send_config
+            )
         return self.plain
 
     def _transactional_producer(self, transactional_id: str) -> Any:
@@ -213,6 +216,7 @@ class Producers:
 
             assert isinstance(self._send_config, dict)
             self.sender = Sender(self.egress_id, self._send_config)
+            log.info("egress %s: records sent by librdkafka", self.egress_id)
         return self.sender
 
     def produce(self, rows: list[Row], wait: bool) -> None:

@@ -183,7 +183,6 @@ class KafkaSink(Sink):
         self._open: list[Row] = []  # the filling transaction's rows handed to its producer
         self._slot: int | None = 0  # the filling transaction's producer slot; None: none free
         self._pending: dict[int, _Sealed] = {}  # sealed, not committed yet: by checkpoint id
-        #: the producers and their transactions: the producer thread's own
         # the plain producer's records sent by librdkafka where the properties allow it
         from statefun.egress._kafka_librdkafka import produce_config
 
@@ -198,12 +197,7 @@ class KafkaSink(Sink):
                 int(config["batch_size"]),
             )
         )
-        if not self.transactional:
-            log.info(
-                "egress %s: records sent by %s",
-                egress_id,
-                "librdkafka" if isinstance(send_config, dict) else f"kafka-python: {send_config}",
-            )
+        #: the producers and their transactions: the producer thread's own
         self._producers = Producers(
             egress_id,
             bootstrap_servers,
