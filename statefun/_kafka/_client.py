@@ -32,6 +32,7 @@ def import_kafka() -> Any:
         _QUIETED = True
         cluster = logging.getLogger("kafka.cluster")
         cluster.addFilter(_drop_cancelled_refresh)
+        logging.getLogger("kafka.net.transport").addFilter(_closed_socket_in_one_line)
         cluster.addFilter(_NewTopicFilter())
         library = logging.getLogger("kafka")
         if library.level == logging.NOTSET:  # its INFO lines (every connection) drown ours
@@ -72,6 +73,21 @@ def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
         and bool(args)
         and type(args[0]).__name__ == "Cancelled"
     )
+
+
+def _closed_socket_in_one_line(record: logging.LogRecord) -> bool:
+    """kafka-python logs a traceback when its network thread reads a socket that another
+    thread closed in the meantime (a client closing during a rebalance): it then closes the
+    connection and goes on. That one is logged as one line, the error named."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if (
+        isinstance(exc, AttributeError)
+        and "'NoneType' object" in str(exc)
+        and str(record.msg).startswith("%s: Error receiving network data")
+    ):
+        record.msg = f"{record.msg} (its socket was closed meanwhile: {exc})"
+        record.exc_info = record.exc_text = None
+    return True
 
 
 class _NewTopicFilter(logging.Filter):
