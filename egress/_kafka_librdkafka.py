@@ -19,7 +19,6 @@ librdkafka holds are bounded. librdkafka's own log lines go to this module's log
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ import confluent_kafka
 
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import librdkafka_config
+from statefun._kafka._throttle import Throttle
 
 __all__ = ["PRODUCE_CLIENT", "Sender", "produce_config"]
 
@@ -68,8 +68,6 @@ _OWN_PROPERTIES = frozenset({"transactional.id", "transaction.timeout.ms"})
 #: records librdkafka holds before a send waits for room (its defaults: 100,000 and 1 GiB)
 _QUEUE_RECORDS = 100_000
 _QUEUE_KIB = 65_536
-#: at most one line per this many seconds about records that failed or a broker in trouble
-_ERROR_LOG_INTERVAL_S = 10.0
 
 
 def produce_config(
@@ -114,7 +112,7 @@ class Sender:
     def __init__(self, egress_id: str, config: Mapping[str, Any]) -> None:
         self.egress_id = egress_id
         self._failed: list[Any] = []  # KafkaErrors of records that failed, since the last look
-        self._trouble_logged = 0.0
+        self._troubles = Throttle()  # one line per 10 s at most
         settings = {**config, "on_delivery": self._delivered, "error_cb": self._trouble}
         try:
             self._producer = confluent_kafka.Producer(settings)
@@ -131,10 +129,14 @@ class Sender:
 
     def _trouble(self, error: Any) -> None:
         """librdkafka's errors outside a record (a broker gone, ...): it retries them."""
-        now = time.monotonic()
-        if now - self._trouble_logged >= _ERROR_LOG_INTERVAL_S:
-            self._trouble_logged = now
-            log.warning("egress %s: Kafka: %s", self.egress_id, error.str())
+        count = self._troubles.count()
+        if count:
+            log.warning(
+                "egress %s: Kafka (%d error(s) since the last line): %s",
+                self.egress_id,
+                count,
+                error.str(),
+            )
 
     def send(self, rows: Sequence[Row]) -> None:
         """Hand ``rows`` to librdkafka, in order; waits only while its queue is full. A record

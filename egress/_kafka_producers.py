@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from statefun._exceptions import UnavailableError
 from statefun._kafka import import_kafka
+from statefun._kafka._throttle import Throttle
 
 if TYPE_CHECKING:
     from statefun.egress._kafka_librdkafka import Sender
@@ -35,8 +35,6 @@ Transaction = tuple[int, str, list[Row]]
 #: the exactly-once producer slots (``transactional.id`` ``<base>-0`` and ``<base>-1``)
 SLOTS = (0, 1)
 _SEND_TIMEOUT_S = 120.0
-#: semantic none: at most one line per this many seconds about records that failed
-_DROPPED_LOG_INTERVAL_S = 10.0
 #: How long ``close`` waits for the abort of a transaction still open.
 _ABORT_TIMEOUT_S = 5.0
 
@@ -53,7 +51,7 @@ class Producers:
         transactional_config: dict[str, Any],
         consumer_config: dict[str, Any],
         send_offsets: Callable[[Any, int, str, str], None],
-        send_config: dict[str, Any] | str = "not given",
+        send_config: dict[str, Any] | str,
     ) -> None:
         self.egress_id = egress_id
         self.bootstrap_servers = bootstrap_servers
@@ -72,8 +70,8 @@ class Producers:
         #: them (_kafka_librdkafka.py)
         self._send_config = send_config
         self.sender: Sender | None = None  # the plain producer on librdkafka
-        self._dropped = 0  # semantic none: records that failed since the last line
-        self._dropped_logged = 0.0
+        #: semantic none: records that failed, one line per 10 s at most
+        self._dropped = Throttle()
         self._tx_producers: list[Any] = [None for _ in SLOTS]  # KafkaProducer per slot
         self._tx_open = [False for _ in SLOTS]  # a transaction begun, not committed
         self._tx_sent: list[Any] = [None for _ in SLOTS]  # Delivery of each open transaction
@@ -268,17 +266,14 @@ class Producers:
         except ConnectionError as exc:
             log.error("egress %s: records dropped (semantic none): %s", self.egress_id, exc)
         failures = sender.failures()
-        self._dropped += sum(n for _, n in failures)
-        now = time.monotonic()
-        if self._dropped and now - self._dropped_logged >= _DROPPED_LOG_INTERVAL_S:
-            self._dropped_logged = now
+        dropped = self._dropped.count(sum(n for _, n in failures)) if failures else 0
+        if dropped:
             log.error(
                 "egress %s: %d record(s) dropped (semantic none) since the last line: %s",
                 self.egress_id,
-                self._dropped,
-                _text(failures[0][0]) if failures else "see above",
+                dropped,
+                _text(failures[0][0]),
             )
-            self._dropped = 0
 
     def recover_transactions(self, transactions: list[Transaction], slot: int, legacy: bool) -> int:
         """Commit the transactions (oldest first) that did not reach Kafka; how many."""

@@ -22,7 +22,6 @@ librdkafka's own log lines go to this module's logger.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ import confluent_kafka
 
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import import_kafka, librdkafka_config
+from statefun._kafka._throttle import Throttle
 from statefun.ingress._kafka_fetch import header_size
 from statefun.ingress._kafka_runs import messages
 from statefun.sdk._types import TypedValue
@@ -65,8 +65,6 @@ _TIMESTAMP_TYPES = {0: 0, 1: 0, 2: 1}
 #: records fetched ahead of the ingress: at most this many KiB, and this many per partition
 _READ_AHEAD_KIB = 8192
 _READ_AHEAD_RECORDS = 10_000
-#: at most one line per this many seconds about records that could not be fetched
-_ERROR_LOG_INTERVAL_S = 10.0
 
 
 def fetch_config(
@@ -113,8 +111,8 @@ class Fetcher:
         except confluent_kafka.KafkaException as exc:  # (only fetch settings: no secrets)
             raise ConfigurationError(f"ingress {ingress_id}: {exc.args[0].str()}") from None
         self._assigned: list[tuple[str, int]] = []
-        self._errors = 0
-        self._error_logged = 0.0
+        #: records that could not be fetched: one line per 10 s at most
+        self._errors = Throttle()
 
     def assign(
         self,
@@ -170,20 +168,17 @@ class Fetcher:
         return records
 
     def _failed(self, message: Any) -> None:
-        self._errors += 1
-        now = time.monotonic()
-        if now - self._error_logged < _ERROR_LOG_INTERVAL_S:
+        failures = self._errors.count()
+        if not failures:
             return
-        self._error_logged = now
         where = f"{message.topic()}/{message.partition()}" if message.topic() else "the consumer"
         log.warning(
             "ingress %s: fetching %s failed (%d failure(s) since the last line): %s",
             self.ingress_id,
             where,
-            self._errors,
+            failures,
             message.error(),
         )
-        self._errors = 0
 
     def highwater(self, topic: str, partition: int) -> int | None:
         """The partition's end as last fetched (None: not fetched yet)."""

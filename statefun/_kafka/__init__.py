@@ -1,6 +1,7 @@
 """What the Kafka ingress and egress share: kafka-python imported and checked (``_client``),
 client settings from Kafka properties, for kafka-python and librdkafka (``_config``), dead
-letters of bad records (``_dead_letters``) and the Kafka kinds' YAML (``_yaml``)."""
+letters of bad records (``_dead_letters``), repeating client errors logged once per interval
+(``_throttle``) and the Kafka kinds' YAML (``_yaml``)."""
 
 from __future__ import annotations
 

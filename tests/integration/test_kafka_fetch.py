@@ -106,6 +106,20 @@ def read(bootstrap: str, topic: str, isolation_level: str, lean: bool) -> tuple[
         consumer.close()
 
 
+def filled_and_read(
+    bootstrap: str,
+    admin: Any,  # noqa: F811 (the fixture's client)
+    prefix: str,
+    isolation_level: str,
+) -> tuple[str, int, list[Any], dict[int, int]]:
+    """A two-partition topic that :func:`fill` filled, how many records it sent, and what
+    kafka-python's own reader reads of it (records, positions)."""
+    topic = create_topic(admin, prefix, partitions=2)
+    sent = fill(bootstrap, topic)
+    theirs, positions = read(bootstrap, topic, isolation_level, lean=False)
+    return topic, sent, theirs, positions
+
+
 def assert_same_records(
     ours: list[Any], theirs: list[Any], sent: int, isolation_level: str
 ) -> None:
@@ -123,9 +137,9 @@ def test_the_same_records_as_kafka_pythons_reader(
     admin: Any,  # noqa: F811 (a fixture)
     isolation_level: str,
 ) -> None:
-    topic = create_topic(admin, "lean-fetch", partitions=2)
-    sent = fill(bootstrap, topic)
-    theirs, their_positions = read(bootstrap, topic, isolation_level, lean=False)
+    topic, sent, theirs, their_positions = filled_and_read(
+        bootstrap, admin, "lean-fetch", isolation_level
+    )
     ours, our_positions = read(bootstrap, topic, isolation_level, lean=True)
     assert_same_records(ours, theirs, sent, isolation_level)
     assert our_positions == their_positions

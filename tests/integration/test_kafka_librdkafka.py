@@ -16,7 +16,7 @@ import pytest
 
 from statefun._exceptions import ConfigurationError
 from statefun.ingress._kafka_librdkafka import FETCH_CLIENT, Fetcher, fetch_config, to_record
-from tests.integration.test_kafka_fetch import assert_same_records, fill, read
+from tests.integration.test_kafka_fetch import assert_same_records, filled_and_read
 from tests.integration.test_kafka_io import (
     Collector,
     admin,  # noqa: F401 (a fixture)
@@ -56,9 +56,7 @@ def test_the_same_records_as_kafka_pythons_reader(
     admin: Any,  # noqa: F811 (a fixture)
     isolation_level: str,
 ) -> None:
-    topic = create_topic(admin, "librdkafka-fetch", partitions=2)
-    sent = fill(bootstrap, topic)
-    theirs, _ = read(bootstrap, topic, isolation_level, lean=False)
+    topic, sent, theirs, _ = filled_and_read(bootstrap, admin, "librdkafka-fetch", isolation_level)
     ours = fetch_all(bootstrap, topic, isolation_level, len(theirs))
     # all fields but the leader epoch, which the ingress does not read
     assert_same_records(

@@ -11,6 +11,8 @@ from typing import Any
 import confluent_kafka
 import pytest
 
+from statefun._kafka import _throttle
+from statefun._kafka._throttle import Throttle
 from statefun.ingress import _kafka_librdkafka
 from statefun.ingress._kafka_librdkafka import Fetcher
 
@@ -47,8 +49,7 @@ def fetcher(batches: list[list[Any]]) -> Fetcher:
     made.ingress_id = "in"
     made._consumer = Consumer(batches)
     made._assigned = [("in", 2)]
-    made._errors = 0
-    made._error_logged = 0.0
+    made._errors = Throttle()
     return made
 
 
@@ -56,7 +57,7 @@ def test_errors_are_dropped_with_one_line_per_interval(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(_kafka_librdkafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(_throttle.time, "monotonic", lambda: now[0])
     batches = [[message(0), message(-1, ERROR), message(1)], [message(-1, ERROR), message(2)]]
     source = fetcher(batches)
     with caplog.at_level(logging.WARNING, logger=_kafka_librdkafka.__name__):
