@@ -91,6 +91,7 @@ from statefun.egress._kafka_producers import SLOTS, Producers, Row, Transaction
 from statefun.egress.base import EgressRecord, Sink
 from statefun.module._specs import KafkaEgressSpec
 from statefun.sdk._proto import egress_pb2
+from statefun.sdk._wire import ONE_BYTE, varint
 
 __all__ = ["KAFKA_PRODUCER_RECORD", "KIND", "KafkaSink", "Row"]
 
@@ -108,6 +109,7 @@ _T = TypeVar("_T")
 DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 256 * 1024
 _parse_record = egress_pb2.KafkaProducerRecord.FromString
+_parse_run = egress_pb2.KafkaProducerRecordRun.FromString
 #: The exactly-once checkpoint state's ``format``: 2, one transactional id per slot.
 _STATE_FORMAT = 2
 
@@ -239,6 +241,39 @@ class KafkaSink(Sink):
         self.write_many([record.value])
 
     def write_many(self, values: list[Any]) -> None:
+        """Decode ``values`` into rows for the producer thread, in order; a value that is
+        not a KafkaProducerRecord with a topic is rejected (``_reject``).
+
+        The usual case, every value a KafkaProducerRecord, is parsed in one step: the values
+        joined as the repeated field of a ``KafkaProducerRecordRun`` (each behind its tag and
+        length; a record parses the same inside it as alone), about half the CPU of a parse per
+        record. Anything else, or a run that does not parse, goes record by record."""
+        parts: list[Any] = []
+        extend = parts.extend
+        one_byte = ONE_BYTE
+        for typed in values:
+            if typed.typename != KAFKA_PRODUCER_RECORD:
+                break
+            value = typed.value
+            n = len(value)
+            extend((b"\x0a", one_byte[n] if n < 128 else varint(n), value))
+        else:
+            try:
+                run = _parse_run(b"".join(parts)).records
+            except (DecodeError, TypeError):
+                pass  # (which one: the records one by one tell)
+            else:
+                buffer = self._buffer
+                for typed, message in zip(values, run, strict=True):
+                    topic = message.topic  # each field read builds a new object: once each
+                    if not topic:
+                        self._reject(typed, "the KafkaProducerRecord has no topic")
+                        continue
+                    buffer.append((topic, message.key or None, message.value_bytes, None))
+                return
+        self._write_each(values)
+
+    def _write_each(self, values: list[Any]) -> None:
         buffer = self._buffer
         for typed in values:
             if typed.typename != KAFKA_PRODUCER_RECORD:
@@ -253,7 +288,7 @@ class KafkaSink(Sink):
             except (DecodeError, TypeError):
                 self._reject(typed, "the KafkaProducerRecord cannot be decoded")
                 continue
-            topic = message.topic  # each field read builds a new object: once each
+            topic = message.topic
             if not topic:
                 self._reject(typed, "the KafkaProducerRecord has no topic")
                 continue

@@ -43,7 +43,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,7 +64,12 @@ from statefun.runtime._functions import (
     RemoteFunction,
     StateSpec,
 )
-from statefun.runtime._remote import decode_from_function, encode_to_function, invocation
+from statefun.runtime._remote import (
+    decode_from_function,
+    encode_to_function,
+    ingress_invocation,
+    invocation,
+)
 from statefun.runtime._stats import FunctionStats
 from statefun.sdk._context import DelayedMessage, InvocationContext
 from statefun.sdk._messages import Message
@@ -87,6 +92,8 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue"]
 
 log = logging.getLogger(__name__)
+
+_new_object = object.__new__
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 #: the addresses recorded without a timeline: none
@@ -216,6 +223,46 @@ class Dispatcher(InboxSlices):
             return
         inbox.append((envelope, key_group, key))
         self._wake.set()
+
+    def offer_run(
+        self, messages: Sequence[tuple[str, Any]], start: int, stop: int, key: AddressKey
+    ) -> int:
+        """Take ``messages[start:stop]`` (``(id, value)`` pairs from no caller, to ``key``'s
+        type) from ``start`` on while they go to ``key``'s id, as ``offer`` takes each; the
+        index of the first not taken. Only while ``key`` is a remote function's address with
+        a batch in flight and the inbox is empty (else it takes none: ``start``); it stops
+        after the message that fills the mailbox past its batch limit, as ``offer`` does."""
+        mailbox = self.busy.get(key)
+        limit = self._encode_ahead.get(key)
+        if mailbox is None or limit is None or self.inbox:
+            return start
+        typename, id_ = key
+        append = mailbox.append
+        new_object = _new_object
+        encode = ingress_invocation
+        size = len(mailbox)
+        index = start
+        while index < stop:
+            message = messages[index]
+            if message[0] != id_:
+                break
+            index += 1
+            # Envelope(typename, id_, value, None) without the call of its __init__, encoded
+            # ahead as ``_wait_in_mailbox`` encodes it
+            envelope = new_object(Envelope)
+            envelope.typename = typename
+            envelope.id = id_
+            envelope.value = value = message[1]
+            envelope.caller = None
+            envelope.wire = encode(value)
+            append(envelope)
+            size += 1
+            if size > limit:
+                self.job.note_mailbox(key, size)
+                break
+        if size > self.mailbox_max.get(typename, 0):
+            self.mailbox_max[typename] = size
+        return index
 
     def messages(self) -> list[Envelope]:
         """Every message this subtask holds, in the order it would handle them per address."""

@@ -59,7 +59,13 @@ from statefun.sdk._wire import (
     message_field,
 )
 
-__all__ = ["RemoteClient", "decode_from_function", "encode_to_function", "invocation"]
+__all__ = [
+    "RemoteClient",
+    "decode_from_function",
+    "encode_to_function",
+    "ingress_invocation",
+    "invocation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +110,20 @@ def encode_to_function(
 def invocation(envelope: Envelope) -> bytes:
     """The Invocation field of ``envelope`` in a ToFunction's InvocationBatchRequest (on the
     hot path: once per message waiting in a remote function's mailbox)."""
-    typed = encode_typed(envelope.value)
     caller = envelope.caller
     if caller is None:
-        n = len(typed)
-        if n < 126:  # both lengths take one byte: one join (a chain of + copies once per part)
-            return b"".join((b"\x1a", ONE_BYTE[n + 2], b"\x12", ONE_BYTE[n], typed))
-        return message_field(b"\x1a", message_field(b"\x12", typed))
+        return ingress_invocation(envelope.value)
     sender = message_field(b"\x0a", encode_address(caller.typename, caller.id))
-    return message_field(b"\x1a", sender + message_field(b"\x12", typed))
+    return message_field(b"\x1a", sender + message_field(b"\x12", encode_typed(envelope.value)))
+
+
+def ingress_invocation(typed: Any) -> bytes:
+    """The Invocation field of a message with value ``typed`` from no caller."""
+    encoded = encode_typed(typed)
+    n = len(encoded)
+    if n < 126:  # both lengths take one byte: one join (a chain of + copies once per part)
+        return b"".join((b"\x1a", ONE_BYTE[n + 2], b"\x12", ONE_BYTE[n], encoded))
+    return message_field(b"\x1a", message_field(b"\x12", encoded))
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

@@ -26,19 +26,32 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
 from statefun.sdk._spec import SdkAddress
 
-__all__ = ["Route", "Router", "Subtask"]
+__all__ = ["Route", "Router", "RunSubtask", "Subtask"]
 
 _new_object = object.__new__
 
 #: how keyBy reaches an address: (key group, the address's own tuple, the inbox of the subtask
-#: owning it or None, whether its function is remote)
-Route = tuple[int, tuple[str, str], Any, bool]
+#: owning it or None, whether its function is remote, the subtask's ``offer_run`` or None)
+Route = tuple[int, tuple[str, str], Any, bool, Any]
 
 
 class Subtask(Protocol):
     """A dispatcher subtask, as the router sees it."""
 
     def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None: ...
+
+
+class RunSubtask(Subtask, Protocol):
+    """A subtask that can also take a run of messages to one address in one call (a
+    dispatcher); the router finds ``offer_run`` with ``getattr``, as it finds ``inbox``."""
+
+    def offer_run(
+        self, messages: Sequence[tuple[str, Any]], start: int, stop: int, key: tuple[str, str]
+    ) -> int:
+        """Take ``messages[start:stop]`` (``(id, value)`` pairs from no caller) from ``start``
+        on while they go to ``key``'s id, each as ``offer`` would; the index of the first not
+        taken (``start``: none, offer them one by one)."""
+        ...
 
 
 class Router(Admission):
@@ -62,12 +75,15 @@ class Router(Admission):
         #: key group -> its subtask's inbox (a dispatcher's ``inbox``; None: a subtask without
         #: one): ``send`` appends to one that holds messages itself, as its ``offer`` would
         self._inbox_of: list[Any] = []
+        #: key group -> its subtask's ``offer_run`` (None: a subtask without one)
+        self._offer_run_of: list[Any] = []
 
     def connect(self, subtasks: Sequence[Subtask]) -> None:
         """Route to ``subtasks`` (the job's dispatchers, one per subtask index)."""
         p, max_p = len(subtasks), self.settings.max_parallelism
         self.subtask_of[:] = [subtasks[subtask_for_key_group(kg, p, max_p)] for kg in range(max_p)]
         self._inbox_of[:] = [getattr(subtask, "inbox", None) for subtask in self.subtask_of]
+        self._offer_run_of[:] = [getattr(s, "offer_run", None) for s in self.subtask_of]
         self._routes.clear()
 
     def reroute(self, key_groups: Iterable[int], subtask: Subtask) -> None:
@@ -76,6 +92,7 @@ class Router(Admission):
         for key_group in key_groups:
             self.subtask_of[key_group] = subtask
             self._inbox_of[key_group] = getattr(subtask, "inbox", None)
+            self._offer_run_of[key_group] = getattr(subtask, "offer_run", None)
         self._routes.clear()
 
     def emit(self, typename: str, id_: str, value: Any, caller: SdkAddress | None = None) -> None:
@@ -106,35 +123,60 @@ class Router(Admission):
         subtask_of = self.subtask_of
         # the counts in flight, kept here and written back (offer() does not read them)
         pending, pending_remote = self.pending, self.pending_remote
+        end = len(messages)
+        resume = start  # where the loop below goes on from
+        run = -1  # the index of a run of messages to one remote address (-1: none)
         try:
-            for index in range(start, len(messages)):
-                if not room.open:
-                    return index
-                id_, value = messages[index]
-                route = routes.get((typename, id_))
-                if route is None:
-                    route = self._route((typename, id_))
-                key_group, address, inbox, _ = route
-                pending += 1
-                if remote:
-                    pending_remote += 1
+            while True:
+                for index in range(resume, end):
+                    if not room.open:
+                        return index
+                    id_, value = messages[index]
+                    route = routes.get((typename, id_))
+                    if route is None:
+                        route = self._route((typename, id_))
+                    key_group, address, inbox, _, offer_run = route
+                    if (
+                        offer_run is not None
+                        and index > run
+                        and index + 1 < end
+                        and messages[index + 1][0] == id_
+                    ):
+                        run = index
+                        break  # (below)
+                    pending += 1
+                    if remote:
+                        pending_remote += 1
+                        if pending_remote >= limit:
+                            room.clear()
+                    elif pending - pending_remote >= limit:
+                        room.clear()
+                    # Envelope(typename, id_, value, None) without the call of its __init__
+                    envelope = new_object(Envelope)
+                    envelope.typename = typename
+                    envelope.id = id_
+                    envelope.value = value
+                    envelope.caller = envelope.wire = None
+                    if inbox:  # (as in ``send``)
+                        inbox.append((envelope, key_group, address))
+                    else:
+                        subtask_of[key_group].offer(envelope, key_group, address)
+                else:
+                    return end
+                # A run of messages to a remote function's address (one hot key): if its
+                # batch is in flight, the address takes the run, up to the limit in flight,
+                # in one call; else (taken: none) the loop sends its first message as any.
+                taken = index  # (the loop broke at the run)
+                if not inbox and pending_remote < limit:
+                    stop = min(end, index + limit - pending_remote)
+                    taken = offer_run(messages, index, stop, address)
+                    pending += taken - index
+                    pending_remote += taken - index
                     if pending_remote >= limit:
                         room.clear()
-                elif pending - pending_remote >= limit:
-                    room.clear()
-                # Envelope(typename, id_, value, None) without the call of its __init__
-                envelope = new_object(Envelope)
-                envelope.typename = typename
-                envelope.id = id_
-                envelope.value = value
-                envelope.caller = envelope.wire = None
-                if inbox:  # (as in ``send``)
-                    inbox.append((envelope, key_group, address))
-                else:
-                    subtask_of[key_group].offer(envelope, key_group, address)
+                resume = taken
         finally:
             self.pending, self.pending_remote = pending, pending_remote
-        return len(messages)
 
     def send(self, envelope: Envelope) -> None:
         """Route a message to the dispatcher that owns its address (never waits)."""
@@ -147,7 +189,7 @@ class Router(Admission):
             route = self._route((typename, envelope.id))
         # (the address as the route holds it: one tuple per address, which the slice loop
         # tells apart from others by identity)
-        key_group, address, inbox, remote = route
+        key_group, address, inbox, remote, _ = route
         self.pending = pending = self.pending + 1
         if remote:
             self.pending_remote += 1
@@ -170,5 +212,11 @@ class Router(Admission):
         key_group = key_group_for(*address, self.settings.max_parallelism)
         typename = address[0]
         remote = (self._kinds.get(typename) or self._kind(typename))[0]
-        route = routes[address] = (key_group, address, self._inbox_of[key_group], remote)
+        route = routes[address] = (
+            key_group,
+            address,
+            self._inbox_of[key_group],
+            remote,
+            self._offer_run_of[key_group] if remote else None,
+        )
         return route

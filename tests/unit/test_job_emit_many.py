@@ -23,7 +23,10 @@ UNKNOWN = "elsewhere/c"  # no endpoint: an embedded-style message that ends as a
 
 
 def new_job(settings: Settings) -> Job:
-    endpoint = HttpEndpointSpec(FunctionTarget("test", None), "http://127.0.0.1:1/statefun")
+    # (batches of at most 5: a mailbox fills past its limit within a run)
+    endpoint = HttpEndpointSpec(
+        FunctionTarget("test", None), "http://127.0.0.1:1/statefun", max_num_batch_requests=5
+    )
     return Job(ModuleSpec(endpoints=(endpoint,)), settings)
 
 
@@ -37,7 +40,11 @@ def seen(job: Job) -> Any:
                     (type(e), e.typename, e.id, e.value.value, e.caller, e.wire, kg, key)
                     for e, kg, key in d.inbox
                 ],
-                {k: [(e.id, e.value.value, e.wire) for e in m] for k, m in d.busy.items()},
+                {
+                    k: [(type(e), e.typename, e.id, e.value.value, e.caller, e.wire) for e in m]
+                    for k, m in d.busy.items()
+                },
+                d.mailbox_max,
             )
             for d in job.dispatchers
         ],
@@ -47,26 +54,27 @@ def seen(job: Job) -> Any:
     )
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(60))
 async def test_emit_many_is_has_room_then_emit_for_each(seed: int) -> None:
     rng = random.Random(seed)
     settings = Settings(
         max_in_flight_messages=rng.randint(1, 40), max_in_flight_remote_messages=rng.randint(1, 40)
     )
     fast, slow = new_job(settings), new_job(settings)
-    for job in (fast, slow):  # some addresses have a batch in flight: a mailbox each
-        for id_ in ("k0", "k3"):
-            key = ("test/a", id_)
-            dispatcher = job._subtask_of[key_group_for(*key, settings.max_parallelism)]
-            dispatcher.busy[key] = deque()
-            if id_ == "k0":
-                dispatcher._encode_ahead[key] = 5
+    for job in (fast, slow):  # most addresses have a batch in flight: a mailbox each
+        for typename in REMOTE:
+            for id_ in ("k0", "k1", "k2", "k3", "k4"):
+                key = (typename, id_)
+                dispatcher = job._subtask_of[key_group_for(*key, settings.max_parallelism)]
+                dispatcher.busy[key] = deque()
+                if id_ != "k4":  # (the messages in a remote function's mailbox are encoded)
+                    dispatcher._encode_ahead[key] = 5
     for _ in range(rng.randint(1, 8)):
         typename = rng.choice([*REMOTE, UNKNOWN])
-        messages = [
-            (f"k{rng.randrange(6)}", TypedValue("test/v", b"%d" % rng.randrange(100)))
-            for _ in range(rng.randint(0, 30))
-        ]
+        ids: list[str] = []  # runs of one id (one hot key) as well as ids in turn
+        for _ in range(rng.randint(0, 30)):
+            ids.append(ids[-1] if ids and rng.random() < 0.6 else f"k{rng.randrange(6)}")
+        messages = [(id_, TypedValue("test/v", b"%d" % rng.randrange(100))) for id_ in ids]
         start = rng.randint(0, len(messages))
         stopped = fast.emit_many(typename, messages, start)
         expected = len(messages)
@@ -79,6 +87,8 @@ async def test_emit_many_is_has_room_then_emit_for_each(seed: int) -> None:
         assert seen(fast) == seen(slow)
         if rng.random() < 0.5:  # some messages finish: room again
             for job in (fast, slow):
+                for dispatcher in job.dispatchers:
+                    dispatcher.inbox.clear()
                 job.pending = job.pending_remote = 0
                 job._overfull_mailboxes.clear()
                 job._room.set()

@@ -4,6 +4,8 @@ here connects)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statefun.egress._kafka_partitioner import CACHE_SIZE, KeyPartitioner
 from statefun.egress.base import EgressRecord
@@ -116,3 +118,34 @@ def test_records_that_are_not_kafka_producer_records_are_rejected(
     assert any("is not a KafkaProducerRecord" in r for r in reasons)
     assert sum("cannot be decoded" in r for r in reasons) == 1
     assert sum("has no topic" in r for r in reasons) == 2
+
+
+def _record(topic: str, key: str, value: bytes) -> bytes:
+    record = egress_pb2.KafkaProducerRecord(topic=topic, key=key, value_bytes=value)
+    return record.SerializeToString()
+
+
+#: a value an egress may be handed: a record (large or small, with or without topic and key),
+#: bytes that are not one, or a value of another type
+_values = st.one_of(
+    st.builds(
+        lambda t, k, v: TypedValue(KAFKA_PRODUCER_RECORD, _record(t, k, v)),
+        st.sampled_from(["", "t", "out-" + "x" * 200]),
+        st.text(max_size=3),
+        st.binary(max_size=300),
+    ),
+    st.builds(lambda v: TypedValue(KAFKA_PRODUCER_RECORD, v), st.binary(max_size=5)),
+    st.just(TypedValue(KAFKA_PRODUCER_RECORD, None)),
+    st.just(TypedValue("io.statefun.types/string", b"\n\x01x")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_values, max_size=20))
+def test_a_run_parsed_at_once_gives_what_a_parse_per_record_gives(values: list[TypedValue]) -> None:
+    at_once = KafkaSink("e/out", "127.0.0.1:1", "at-least-once")
+    each = KafkaSink("e/out", "127.0.0.1:1", "at-least-once")
+    at_once.write_many(values)
+    each._write_each(values)
+    assert at_once._buffer == each._buffer
+    assert at_once.rejected == each.rejected
