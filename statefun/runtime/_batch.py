@@ -185,8 +185,10 @@ class InboxSlices:
         get, put = state.get, state.put
         # the memory backend's dicts while no snapshot shares them, read and written here
         # without a call of its get and put (see MemoryStateBackend.unshared_groups)
-        groups = state.unshared_groups() if type(state) is MemoryStateBackend else None
+        memory = state if type(state) is MemoryStateBackend else None
+        groups = None if memory is None else memory.unshared_groups()
         group: dict[AddressKey, Any] | None = None  # (of the address, with ``groups`` only)
+        written: set[int] = set()  # the key groups written in ``groups`` (told when it ends)
         state_types = job.state_types
         with_state: str | None = None  # the typename last added to state_types
         sample_mask = self._sample_mask
@@ -352,6 +354,7 @@ class InboxSlices:
                         new = with_deadlines(new, plan.specs, dirty, now)
                     if group is not None and new:
                         group[key] = new
+                        written.add(key_group)
                     else:  # (a new group, or no values left, or not the memory backend)
                         put(key_group, key, new)
                     if typename is not with_state:  # (once per type and slice)
@@ -384,6 +387,8 @@ class InboxSlices:
                     records.append(record.typed_value)
                 done += 1
         finally:
+            if written and memory is not None:
+                memory.written(written)
             try:
                 del inbox[:taken]
                 flush()

@@ -6,6 +6,14 @@ shared group copies that group's dict first, once per snapshot. Values dicts are
 changed in place, so the snapshot's groups stay as they were at the cut while a worker thread
 writes them out: one file (``state.msgpack``, one fsync), a section per key group - a header
 ``{"key_group": g, "chunks": n}`` and n msgpack chunks of ``[typename, id, values]``.
+
+Every snapshot is complete, but a key group that nothing wrote since the previous snapshot
+has the same section as then: the backend keeps each group's packed section (up to
+``PACKED_CACHE_BYTES`` in all) and a snapshot writes those bytes again instead of packing the
+group anew. Writes mark their group (``put``; the slice loop, which writes the dicts itself,
+tells ``written``), and ``snapshot()`` drops the sections of the groups marked since the
+previous one. Sections are kept per generation (one per snapshot, and per ``clear`` and
+``restore``): a worker still writing an older snapshot never stores its sections as current.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ STATE_FILE = "state.msgpack"
 CHUNK = 2048
 #: addresses of a key group sorted per step of ``ids_in_steps``
 IDS_STEP = 512
+#: the packed sections of unchanged key groups kept for the next snapshot, at most
+PACKED_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class MemoryStateBackend(StateBackend):
@@ -54,7 +64,15 @@ class MemoryStateBackend(StateBackend):
         #: key groups whose dict a live snapshot references: copy before the next write
         self._shared: set[int] = set()
         self._live: list[MemoryStateSnapshot] = []
-        self._lock = threading.Lock()  # guards _live (release() may run in another thread)
+        #: guards _live, _packed and _generation (snapshots are written, and released, in
+        #: other threads)
+        self._lock = threading.Lock()
+        #: key groups written since the last snapshot (their packed sections are stale)
+        self._stale_groups: set[int] = set()
+        #: key group -> its packed section, as the snapshots of ``_generation`` write it
+        self._packed: dict[int, bytes] = {}
+        self._packed_bytes = 0
+        self._generation = 0
 
     def unshared_groups(self) -> dict[int, dict[AddressKey, StateValues]] | None:
         """The key groups' live dicts while no snapshot shares any of them, else None.
@@ -70,7 +88,12 @@ class MemoryStateBackend(StateBackend):
         group = self._groups.get(key_group)
         return None if group is None else group.get(key)
 
+    def written(self, key_groups: Collection[int]) -> None:
+        """``key_groups`` were written through ``unshared_groups``' dicts (not ``put``)."""
+        self._stale_groups.update(key_groups)
+
     def put(self, key_group: int, key: AddressKey, values: StateValues) -> None:
+        self._stale_groups.add(key_group)
         group = self._groups.get(key_group)
         shared = self._shared
         if shared and key_group in shared:
@@ -122,16 +145,46 @@ class MemoryStateBackend(StateBackend):
         # Live snapshots keep their own references to the groups they hold.
         self._groups = {}
         self._shared = set()
+        self._forget_packed()
+
+    def _forget_packed(self) -> None:
+        """Every packed section is stale (the groups were replaced)."""
+        with self._lock:
+            self._generation += 1
+            self._packed = {}
+            self._packed_bytes = 0
 
     # -- snapshots ---------------------------------------------------------------------------
 
     def snapshot(self) -> MemoryStateSnapshot:
         groups = {k: v for k, v in self._groups.items() if v}
-        snap = MemoryStateSnapshot(self, groups)
+        stale, self._stale_groups = self._stale_groups, set()
         with self._lock:  # with the marks: a release() in a worker must not clear them
             self._shared = set(groups)
+            self._generation += 1
+            packed = self._packed
+            for key_group in stale:
+                section = packed.pop(key_group, None)
+                if section is not None:
+                    self._packed_bytes -= len(section)
+            snap = MemoryStateSnapshot(self, groups, self._generation)
             self._live.append(snap)
         return snap
+
+    def _section(self, generation: int, key_group: int) -> bytes | None:
+        """The packed section of ``key_group`` for a snapshot of ``generation``, if kept."""
+        with self._lock:
+            return self._packed.get(key_group) if generation == self._generation else None
+
+    def _keep_section(self, generation: int, key_group: int, section: bytes) -> None:
+        """Keep ``section`` for the next snapshots, if it is still current and there is room."""
+        with self._lock:
+            if generation != self._generation or key_group in self._packed:
+                return
+            if self._packed_bytes + len(section) > PACKED_CACHE_BYTES:
+                return
+            self._packed[key_group] = section
+            self._packed_bytes += len(section)
 
     def _release(self, snap: MemoryStateSnapshot) -> None:
         with self._lock:
@@ -154,6 +207,7 @@ class MemoryStateBackend(StateBackend):
         full collections would only walk them again and again (about twice the time).
         """
         started = time.perf_counter()
+        self._forget_packed()
         entries = read_snapshot(directory, manifest, key_groups)
         count = 0
         groups = self._groups
@@ -182,10 +236,14 @@ class MemoryStateSnapshot(StateSnapshot):
     """The per-key-group dicts as they were at the cut."""
 
     def __init__(
-        self, backend: MemoryStateBackend, groups: dict[int, dict[AddressKey, StateValues]]
+        self,
+        backend: MemoryStateBackend,
+        groups: dict[int, dict[AddressKey, StateValues]],
+        generation: int = 0,
     ) -> None:
         self._backend: MemoryStateBackend | None = backend
         self._groups = groups
+        self._generation = generation  # (of the backend's packed sections)
 
     def write(self, directory: Path, previous: Path | None = None) -> dict[str, Any]:
         """All key groups into one file, fsynced once (see the module docstring).
@@ -208,26 +266,32 @@ class MemoryStateSnapshot(StateSnapshot):
         groups = self._groups
         since_yield = 0
         path = directory / STATE_FILE
+        backend, generation = self._backend, self._generation
         with synced_file(path) if sync else unsynced_file(path) as file:
             out = HashingWriter(file)  # the checksum, computed as the bytes are written
             for key_group in sorted(groups):
                 group = groups[key_group]
                 if not group:
                     continue
-                left = len(group)
-                out.write(msgpack.packb({"key_group": key_group, "chunks": -(-left // CHUNK)}))
-                # The group's dict is never changed once shared: iterate it in place.
-                entries = iter(group.items())
-                while left:
-                    count = min(left, CHUNK)
-                    out.write(pack_entries(entries, count))
-                    left -= count
-                    since_yield += count
-                    if since_yield >= CHUNK:
-                        # Let the event loop have the GIL now and then: not per key group,
-                        # as taking it back costs up to the switch interval each time.
-                        since_yield = 0
-                        time.sleep(0)
+                section = backend._section(generation, key_group)
+                if section is None:  # written since the last snapshot (or not kept)
+                    left = len(group)
+                    parts = [msgpack.packb({"key_group": key_group, "chunks": -(-left // CHUNK)})]
+                    # The group's dict is never changed once shared: iterate it in place.
+                    entries = iter(group.items())
+                    while left:
+                        count = min(left, CHUNK)
+                        parts.append(pack_entries(entries, count))
+                        left -= count
+                        since_yield += count
+                        if since_yield >= CHUNK:
+                            # Let the event loop have the GIL now and then: not per key group,
+                            # as taking it back costs up to the switch interval each time.
+                            since_yield = 0
+                            time.sleep(0)
+                    section = b"".join(parts)
+                    backend._keep_section(generation, key_group, section)
+                out.write(section)
                 total_entries += len(group)
                 written.append(key_group)
             total_bytes = out.tell()

@@ -44,6 +44,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._timeline import Timeline
 from statefun.sdk._context import InvocationContext
 from statefun.sdk._types import to_typed_value
+from statefun.state.memory import read_memory_snapshot
 from statefun.testing import JobHarness
 
 functions = StatefulFunctions()
@@ -567,6 +568,34 @@ def test_a_snapshot_keeps_its_cut_while_the_slice_loop_writes_on() -> None:
     snapshot.release()
     send_all()
     assert counts(job.state._groups.get) == [4] * len(ids)
+
+
+def test_each_snapshot_file_has_what_the_slice_loop_wrote_into_the_state_itself(
+    tmp_path: Path,
+) -> None:
+    """A memory snapshot writes again the sections of key groups nothing wrote since the
+    previous one: the slice loop's own writes into the backend's dicts count as writes."""
+    endpoint = EmbeddedEndpointSpec(FunctionTarget("t", "add"), f"{__name__}:functions")
+    job = Job(ModuleSpec(endpoints=(endpoint,)), Settings.load({}, environ={}), sources=[])
+    ids = [f"k{i}" for i in range(50)]
+    for round_ in range(1, 4):
+        assert job.state.unshared_groups() is not None  # (no snapshot shares them)
+        for id_ in ids[: 50 // round_]:
+            job.send(Envelope("t/add", id_, to_typed_value(StringType, "x"), None))
+        for dispatcher in job.dispatchers:
+            while dispatcher.inbox:
+                dispatcher._run_slice(dispatcher.inbox, 7)
+        snapshot = job.state.snapshot()
+        manifest = snapshot.write(tmp_path / str(round_))
+        snapshot.release()
+        counts = {
+            key[1]: IntType.serializer().deserialize(values["n"].value)
+            for _, key, values in read_memory_snapshot(tmp_path / str(round_), manifest, None)
+        }
+        assert counts == {
+            id_: sum(1 for r in range(1, round_ + 1) if index < 50 // r)
+            for index, id_ in enumerate(ids)
+        }
 
 
 @functions.bind(typename="t/swap", specs=[ValueSpec(name="n", type=IntType)])
