@@ -31,9 +31,13 @@ def messages(
     run: list[tuple[str, TypedValue]] = []
     append = run.append
     new_object = _new_object
+    last_key: bytes | None = None  # a run of one key (one hot key) decodes it once: one id
+    id_ = ""
     for key, value in pairs:
         try:
-            id_ = key.decode("utf-8")
+            if key != last_key:
+                id_ = key.decode("utf-8")
+                last_key = key
             if validate is not None:
                 validate(value)
         except (UnicodeDecodeError, DecodeError, ValueError, TypeError):

@@ -38,6 +38,7 @@ import msgpack
 
 from statefun._exceptions import UndeliverableError
 from statefun._kafka import import_kafka
+from statefun._kafka._throttle import Throttle
 from statefun.cluster._config import ClusterConfig
 from statefun.egress.kafka import Row
 from statefun.sdk._types import TypedValue
@@ -145,17 +146,13 @@ class RateLimitedLog:
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self._last = float("-inf")
-        self._suppressed = 0
+        self._throttle = Throttle(_LOG_EVERY_S)
 
     def warn(self, detail: str) -> None:
-        now = time.monotonic()
-        if now - self._last < _LOG_EVERY_S:
-            self._suppressed += 1
-            return
-        more = f" (and {self._suppressed} more since the last line)" if self._suppressed else ""
-        self._last, self._suppressed = now, 0
-        log.warning("cluster: %s: %s%s", self.what, detail, more)
+        count = self._throttle.count()
+        if count:
+            more = f" (and {count - 1} more since the last line)" if count > 1 else ""
+            log.warning("cluster: %s: %s%s", self.what, detail, more)
 
 
 class RepliesReader:

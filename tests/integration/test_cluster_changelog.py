@@ -159,13 +159,13 @@ def test_a_kept_partition_is_read_again_once_its_changelog_moved(config: Cluster
         try:
             state = TrackedMemoryState()
             tx.write_rows(changelog_rows(config, state, set(), [], [], [partition]))
+            # sealed: its records acknowledged, so its transaction holds the partition (a
+            # transaction aborted before its records were sent may never have touched it)
+            assert tx.seal(1, {}, None)
             if commit:
-                assert tx.seal(1, {}, None)
                 await tx.commit(1)
-            else:
-                await tx.flush()
         finally:
-            await tx.close()  # aborts what did not commit
+            await tx.close()  # aborts what did not commit (after the seal's acknowledgements)
 
     assert asyncio.run(epoch._kept()) == partitions
     asyncio.run(write(True, 1))

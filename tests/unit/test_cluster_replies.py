@@ -5,6 +5,7 @@ rate-limited line, never an exception)."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -133,3 +134,25 @@ def test_the_reader_delivers_its_own_replies_and_logs_bad_records_once(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines  # rate-limited: one line for the burst
     assert "not a reply; skipped: a record without a value" in lines[0]
+
+
+def test_a_repeating_warning_is_one_line_per_interval_counting_the_rest(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statefun._kafka import _throttle
+    from statefun.cluster._replies import RateLimitedLog
+
+    now = [1000.0]
+    monkeypatch.setattr(_throttle, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    limited = RateLimitedLog("idempotency key")
+    with caplog.at_level(logging.WARNING, logger="statefun.cluster._replies"):
+        limited.warn("first")
+        for _ in range(3):
+            now[0] += 1
+            limited.warn("held back")
+        now[0] += 10
+        limited.warn("again")
+    assert [r.getMessage() for r in caplog.records] == [
+        "cluster: idempotency key: first",
+        "cluster: idempotency key: again (and 3 more since the last line)",
+    ]
