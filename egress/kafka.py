@@ -186,19 +186,18 @@ class KafkaSink(Sink):
         self._slot: int | None = 0  # the filling transaction's producer slot; None: none free
         self._pending: dict[int, _Sealed] = {}  # sealed, not committed yet: by checkpoint id
         # the plain producer's records sent by librdkafka where the properties allow it
-        from statefun.egress._kafka_librdkafka import produce_config
+        # (imported only then: an exactly-once egress, as a cluster worker's, never loads it)
+        send_config: dict[str, Any] | str = "exactly-once sends in Kafka transactions"
+        if not self.transactional:
+            from statefun.egress._kafka_librdkafka import produce_config
 
-        send_config = (
-            "exactly-once sends in Kafka transactions"
-            if self.transactional
-            else produce_config(
+            send_config = produce_config(
                 bootstrap_servers,
                 props,
                 owner,
                 int(config["linger_ms"]),
                 int(config["batch_size"]),
             )
-        )
         #: the producers and their transactions: the producer thread's own
         self._producers = Producers(
             egress_id,

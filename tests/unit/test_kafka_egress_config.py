@@ -149,3 +149,21 @@ def test_a_run_parsed_at_once_gives_what_a_parse_per_record_gives(values: list[T
     each._write_each(values)
     assert at_once._buffer == each._buffer
     assert at_once.rejected == each.rejected
+
+
+def test_an_exactly_once_egress_never_loads_librdkafka() -> None:
+    """Only the plain producer sends with librdkafka: a cluster worker's transactions (an
+    exactly-once egress) do without loading it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from statefun.egress.kafka import KafkaSink\n"
+        "KafkaSink('e/out', '127.0.0.1:1', 'exactly-once')\n"
+        "loaded = 'confluent_kafka' in sys.modules\n"
+        "KafkaSink('e/out', '127.0.0.1:1', 'at-least-once')\n"
+        "print(loaded, 'confluent_kafka' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
