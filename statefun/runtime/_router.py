@@ -26,7 +26,7 @@ from statefun.runtime._envelope import Envelope
 from statefun.runtime._functions import FunctionRegistry
 from statefun.sdk._spec import SdkAddress
 
-__all__ = ["Route", "Router", "RunSubtask", "Subtask"]
+__all__ = ["Route", "Router", "Subtask"]
 
 _new_object = object.__new__
 
@@ -39,19 +39,6 @@ class Subtask(Protocol):
     """A dispatcher subtask, as the router sees it."""
 
     def offer(self, envelope: Envelope, key_group: int, key: tuple[str, str]) -> None: ...
-
-
-class RunSubtask(Subtask, Protocol):
-    """A subtask that can also take a run of messages to one address in one call (a
-    dispatcher); the router finds ``offer_run`` with ``getattr``, as it finds ``inbox``."""
-
-    def offer_run(
-        self, messages: Sequence[tuple[str, Any]], start: int, stop: int, key: tuple[str, str]
-    ) -> int:
-        """Take ``messages[start:stop]`` (``(id, value)`` pairs from no caller) from ``start``
-        on while they go to ``key``'s id, each as ``offer`` would; the index of the first not
-        taken (``start``: none, offer them one by one)."""
-        ...
 
 
 class Router(Admission):
@@ -75,7 +62,9 @@ class Router(Admission):
         #: key group -> its subtask's inbox (a dispatcher's ``inbox``; None: a subtask without
         #: one): ``send`` appends to one that holds messages itself, as its ``offer`` would
         self._inbox_of: list[Any] = []
-        #: key group -> its subtask's ``offer_run`` (None: a subtask without one)
+        #: key group -> its subtask's ``offer_run`` (a dispatcher's, which takes a run of
+        #: messages to one remote address in one call: ``emit_many``; None: a subtask without
+        #: one)
         self._offer_run_of: list[Any] = []
 
     def connect(self, subtasks: Sequence[Subtask]) -> None:

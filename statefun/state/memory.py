@@ -239,7 +239,7 @@ class MemoryStateSnapshot(StateSnapshot):
         self,
         backend: MemoryStateBackend,
         groups: dict[int, dict[AddressKey, StateValues]],
-        generation: int = 0,
+        generation: int,
     ) -> None:
         self._backend: MemoryStateBackend | None = backend
         self._groups = groups
