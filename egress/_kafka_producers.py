@@ -72,6 +72,7 @@ class Producers:
         self.sender: Sender | None = None  # the plain producer on librdkafka
         #: semantic none: records that failed, one line per 10 s at most
         self._dropped = Throttle()
+        self._dropped_reason = ""  # the last failure's
         self._tx_producers: list[Any] = [None for _ in SLOTS]  # KafkaProducer per slot
         self._tx_open = [False for _ in SLOTS]  # a transaction begun, not committed
         self._tx_sent: list[Any] = [None for _ in SLOTS]  # Delivery of each open transaction
@@ -266,13 +267,16 @@ class Producers:
         except ConnectionError as exc:
             log.error("egress %s: records dropped (semantic none): %s", self.egress_id, exc)
         failures = sender.failures()
-        dropped = self._dropped.count(sum(n for _, n in failures)) if failures else 0
+        if failures:
+            self._dropped_reason = _text(failures[0][0])
+        # (also without new failures: drops held back are told once their line is due)
+        dropped = self._dropped.count(sum(n for _, n in failures))
         if dropped:
             log.error(
                 "egress %s: %d record(s) dropped (semantic none) since the last line: %s",
                 self.egress_id,
                 dropped,
-                _text(failures[0][0]),
+                self._dropped_reason,
             )
 
     def recover_transactions(self, transactions: list[Transaction], slot: int, legacy: bool) -> int:

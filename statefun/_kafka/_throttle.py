@@ -1,5 +1,6 @@
-"""One kind of log line at most once per interval, counting what it stands for (the Kafka
-clients' errors that repeat: fetch failures, a broker out of reach, records dropped)."""
+"""One kind of log line at most once per interval, counting what it stands for (errors that
+repeat: Kafka fetch failures, a broker out of reach, records dropped, bad records of the
+cluster's topics)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ class Throttle:
         self._count = 0
 
     def count(self, events: int = 1) -> int:
-        """Add ``events``; the count to log now (counting starts again), or 0: not yet."""
+        """Add ``events``; the count to log now (counting starts again), or 0: not yet, or
+        nothing to log (``count(0)`` asks only whether events held back are due)."""
         self._count += events
+        if not self._count:
+            return 0
         now = time.monotonic()
         if now - self._last < self.interval_s:
             return 0
