@@ -67,7 +67,7 @@ from statefun.runtime._functions import (
 from statefun.runtime._remote import (
     decode_from_function,
     encode_to_function,
-    ingress_invocation,
+    ingress_encoder,
     invocation,
 )
 from statefun.runtime._stats import FunctionStats
@@ -234,12 +234,12 @@ class Dispatcher(InboxSlices):
         after the message that fills the mailbox past its batch limit, as ``offer`` does."""
         mailbox = self.busy.get(key)
         limit = self._encode_ahead.get(key)
-        if mailbox is None or limit is None or self.inbox:
+        if mailbox is None or limit is None or self.inbox or start >= stop:
             return start
         typename, id_ = key
         append = mailbox.append
         new_object = _new_object
-        encode = ingress_invocation
+        encode = ingress_encoder(messages[start][1].typename)  # (a run's: the ingress's type)
         size = len(mailbox)
         index = start
         while index < stop:

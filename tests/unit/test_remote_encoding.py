@@ -4,7 +4,12 @@ the same bytes whether invocations were encoded ahead (while waiting in a mailbo
 from __future__ import annotations
 
 from statefun.runtime._envelope import Envelope
-from statefun.runtime._remote import encode_to_function, invocation
+from statefun.runtime._remote import (
+    encode_to_function,
+    ingress_encoder,
+    ingress_invocation,
+    invocation,
+)
 from statefun.sdk import TypedValue
 from statefun.sdk._proto import request_reply_pb2 as pb
 from statefun.sdk._spec import SdkAddress
@@ -78,3 +83,23 @@ def test_invocation_is_what_protobuf_writes_at_every_length() -> None:
                         expected
                     ]
                     assert got == b"\x1a" + varint(len(body)) + body, (typename, size, sender)
+
+
+def test_a_runs_encoder_gives_the_bytes_of_ingress_invocation() -> None:
+    """The encoder of a run of one type (``ingress_encoder``: one join per value) against the
+    general one: at every length around the one-byte limit, without a value, empty, and for
+    values of another type, for short and long typenames (whose head leaves no fast path)."""
+    for typename in ("a/b", "com.example/" + "t" * 40, "com.example/" + "t" * 130):
+        encode = ingress_encoder(typename)
+        assert ingress_encoder(typename) is encode  # made once per type
+        for size in [*range(0, 140), 300, 20_000]:
+            value = (bytes(range(256)) * (1 + size // 256))[:size]
+            for typed in (
+                TypedValue(typename, value),
+                TypedValue("other/type", value),
+                TypedValue(typename, None),
+                pb.TypedValue(typename=typename, has_value=True, value=value),
+            ):
+                assert encode(typed) == ingress_invocation(typed), (typename, size, typed)
+                reread = pb.ToFunction.InvocationBatchRequest.FromString(encode(typed))
+                assert reread.invocations[0].argument.value == typed.value
