@@ -127,13 +127,14 @@ def ingress_invocation(typed: Any) -> bytes:
     return message_field(b"\x1a", message_field(b"\x12", encoded))
 
 
-#: typename -> its ingress_encoder (bounded: types come from the module's ingresses)
+#: typename -> its ingress_encoder; bounded, as a value's type may come from outside (the HTTP
+#: ingress's requests): past the bound an encoder is made per run, not kept
 _encoders: dict[str, Callable[[Any], bytes]] = {}
 
 
 def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
-    """``ingress_invocation`` for a run of values of ``typename`` (a Kafka ingress's records,
-    encoded ahead in a busy address's mailbox): the TypedValue's head is made once, and each
+    """``ingress_invocation`` for a run of values of ``typename`` (an ingress's records, encoded
+    ahead in a busy address's mailbox: ``Dispatcher.offer_run``): the TypedValue's head is made once, and each
     value's Invocation is one join. Any other value (another type, none, a long one) goes
     through ``ingress_invocation``; the bytes are the same either way."""
     known = _encoders.get(typename)
