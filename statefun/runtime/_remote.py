@@ -134,9 +134,9 @@ _encoders: dict[str, Callable[[Any], bytes]] = {}
 
 def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
     """``ingress_invocation`` for a run of values of ``typename`` (an ingress's records, encoded
-    ahead in a busy address's mailbox: ``Dispatcher.offer_run``): the TypedValue's head is made once, and each
-    value's Invocation is one join. Any other value (another type, none, a long one) goes
-    through ``ingress_invocation``; the bytes are the same either way."""
+    ahead in a busy address's mailbox: ``Dispatcher.offer_run``): the TypedValue's head is made
+    once, and each value's Invocation is one join. Any other value (another type, none, a long
+    one) goes through ``ingress_invocation``; the bytes are the same either way."""
     known = _encoders.get(typename)
     if known is not None:
         return known
