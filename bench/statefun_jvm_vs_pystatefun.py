@@ -39,7 +39,10 @@ a topic of its own (named in the record):
                resume (26 to 158 ms, varying from run to run) weighs too much in so short a
                phase
 
-Producers run in another process; the reader (read_committed) in this one.
+Producers run in another process; the reader (read_committed) in this one. Each phase's CPU
+(cores busy on average) is shown for the runtime, the function server, the broker (when this
+run started it) and this process: on two cores they share, the others' CPU is time the
+runtime and the function server wait for a core.
 
 With the backlog phases, each repeat also drives the function server alone (no runtime, no
 Kafka: bench/_server_alone.py) with the hot key's batches back to back: the ceiling of the
@@ -115,6 +118,8 @@ RUNTIMES = ("pystatefun", "statefun-jvm")
 # Not run by default; ``--runtimes pystatefun,pystatefun-no-metrics`` prints what the metrics
 # cost, run against run.
 NO_METRICS = "pystatefun-no-metrics"
+#: the Kafka broker's process when this run started it (its CPU is shown per phase)
+BROKER_PID: int | None = None
 KNOWN_RUNTIMES = (*RUNTIMES, NO_METRICS)
 SEMANTICS = ("exactly-once", "at-least-once")
 
@@ -195,6 +200,8 @@ class Phase:
     outputs: int = 0
     cpu_s: float = 0.0  # CPU time of the runtime process during the phase
     server_cpu_s: float = 0.0  # CPU time of the function server during the phase
+    broker_cpu_s: float = 0.0  # CPU time of the Kafka broker (when started here) in the phase
+    reader_cpu_s: float = 0.0  # CPU time of this process (the output's reader) in the phase
     rss_mb: float = 0.0  # resident memory of the runtime process at the end of the phase
     failed: bool = False
     # with --repeat: the values of every repeat, for the spread shown next to the median
@@ -297,7 +304,8 @@ def run_one(
                     f"[{runtime} {semantic}] {phase.name}: {phase.outputs} outputs, "
                     f"{phase.records_per_s:,.0f} records/s, p50 {phase.p50_ms:.0f} ms, "
                     f"p99 {phase.p99_ms:.0f} ms, CPU s runtime {phase.cpu_s:.1f} "
-                    f"function server {phase.server_cpu_s:.1f} in {phase.wall_s:.1f} s"
+                    f"function server {phase.server_cpu_s:.1f} broker {phase.broker_cpu_s:.1f} "
+                    f"reader {phase.reader_cpu_s:.1f} in {phase.wall_s:.1f} s"
                 )
         if runtime == "statefun-jvm":
             failed = peer.failures()
@@ -341,6 +349,8 @@ def run_phase(
             phase.started = time.time()
     cpu_before = cpu_seconds(proc.process.pid)
     server_before = cpu_seconds(server.process.pid)
+    broker_before = cpu_seconds(BROKER_PID) if BROKER_PID else 0.0
+    reader_before = time.process_time()
     wall_before = time.monotonic()
     expected_s = phase.count / (phase.rate or 2_000)
     reader.wait_for(
@@ -353,6 +363,8 @@ def run_phase(
     phase.wall_s = time.monotonic() - wall_before
     phase.cpu_s = cpu_seconds(proc.process.pid) - cpu_before
     phase.server_cpu_s = cpu_seconds(server.process.pid) - server_before
+    phase.broker_cpu_s = cpu_seconds(BROKER_PID) - broker_before if BROKER_PID else 0.0
+    phase.reader_cpu_s = time.process_time() - reader_before
     phase.rss_mb = rss_mb(proc.process.pid)
     if not phase.backlog:
         phase.started, phase.produced_until = result.get(timeout=60)
@@ -399,6 +411,8 @@ def merge(runs: list[Run]) -> list[Run]:
                     setattr(phase, name, statistics.median(getattr(p, name) for p in done))
                 phase.cpu_s = statistics.median(p.cpu_s / p.wall_s for p in done)
                 phase.server_cpu_s = statistics.median(p.server_cpu_s / p.wall_s for p in done)
+                phase.broker_cpu_s = statistics.median(p.broker_cpu_s / p.wall_s for p in done)
+                phase.reader_cpu_s = statistics.median(p.reader_cpu_s / p.wall_s for p in done)
                 phase.wall_s = 1.0  # the CPU figures above are already per second
                 phase.all_rates = [p.records_per_s for p in done]
                 phase.all_p99 = [p.p99_ms for p in done]
@@ -417,25 +431,30 @@ def _spread(values: list[float]) -> str:
 def table(runs: list[Run]) -> str:
     lines = [
         "| semantic | runtime | phase | records/s | p50 ms | p99 ms | max ms "
-        "| CPU: runtime | CPU: function server | runtime RSS |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU: runtime | CPU: function server | CPU: broker | CPU: reader | runtime RSS |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         for phase in run.phases:
             if phase.name == "warm-up":
                 continue
             if phase.failed or not phase.outputs:
-                lines.append(f"| {run.semantic} | {run.runtime} | {phase.name} | failed |||||||")
+                lines.append(f"| {run.semantic} | {run.runtime} | {phase.name} | failed |||||||||")
                 continue
             rate = "-"
             if phase.rate is None:
                 rate = f"{phase.records_per_s:,.0f}{_spread(phase.all_rates)}"
             cpu = f"{phase.cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
             server_cpu = f"{phase.server_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
+            broker_cpu = "-"  # (not known for a broker this run did not start)
+            if phase.wall_s and BROKER_PID:
+                broker_cpu = f"{phase.broker_cpu_s / phase.wall_s:.2f}"
+            reader_cpu = f"{phase.reader_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
             lines.append(
                 f"| {run.semantic} | {run.runtime} | {phase.name} | "
                 f"{rate} | {phase.p50_ms:,.0f} | {phase.p99_ms:,.0f}{_spread(phase.all_p99)} | "
-                f"{phase.max_ms:,.0f} | {cpu} | {server_cpu} | {phase.rss_mb:,.0f} MB |"
+                f"{phase.max_ms:,.0f} | {cpu} | {server_cpu} | {broker_cpu} | {reader_cpu} | "
+                f"{phase.rss_mb:,.0f} MB |"
             )
     return "\n".join(lines)
 
@@ -624,6 +643,8 @@ def main() -> int:
             KafkaBroker.external(args.bootstrap) if args.bootstrap else KafkaBroker(heap="512m")
         )
         with broker:
+            global BROKER_PID
+            BROKER_PID = broker.pid
             bootstrap = broker.bootstrap_servers
             say(f"Kafka at {bootstrap}")
             port = free_port()
