@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench.statefun_jvm_vs_pystatefun import NO_METRICS, Phase, Run, metrics_cost
+import pytest
+
+import bench.statefun_jvm_vs_pystatefun as side_by_side
+from bench.statefun_jvm_vs_pystatefun import NO_METRICS, Phase, Run, merge, metrics_cost, table
 
 
 def run(runtime: str, cpu_s: float, records_per_s: float) -> Run:
@@ -31,3 +34,28 @@ def test_metrics_cost_compares_each_on_run_with_its_off_run() -> None:
 
 def test_no_cost_report_without_both_runtimes() -> None:
     assert metrics_cost([run("pystatefun", 1.0, 1000.0), run("statefun-jvm", 1.0, 900.0)]) == ""
+
+
+def backlog(records_per_s: float, broker_cpu_s: float, reader_cpu_s: float) -> Run:
+    phase = Phase("one hot key, backlog", 1, 1000, None, backlog=True, outputs=1000)
+    phase.records_per_s = records_per_s
+    phase.wall_s = 2.0
+    phase.cpu_s, phase.server_cpu_s = 1.0, 0.5
+    phase.broker_cpu_s, phase.reader_cpu_s = broker_cpu_s, reader_cpu_s
+    return Run("pystatefun", "at-least-once", [phase])
+
+
+def test_the_table_shows_each_phases_cpu_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cores busy in the phase: runtime, function server, broker, reader; medians over the
+    repeats; the broker's only when the run started it (its process is known)."""
+    runs = merge([backlog(1000.0, 0.4, 0.6), backlog(1200.0, 0.2, 0.2), backlog(900.0, 0.3, 1.0)])
+    monkeypatch.setattr(side_by_side, "BROKER_PID", 4711)
+    [row] = [line for line in table(runs).splitlines() if "| pystatefun |" in line]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    # records/s, p50, p99, max, then runtime 1.0/2.0 s, server 0.5/2.0, broker 0.3/2.0,
+    # reader 0.6/2.0 (the medians), then RSS
+    assert cells[3] == "1,000 (900-1,200)"
+    assert cells[7:11] == ["0.50", "0.25", "0.15", "0.30"]
+    monkeypatch.setattr(side_by_side, "BROKER_PID", None)
+    [row] = [line for line in table(runs).splitlines() if "| pystatefun |" in line]
+    assert [cell.strip() for cell in row.strip("|").split("|")][9] == "-"
