@@ -118,8 +118,6 @@ RUNTIMES = ("pystatefun", "statefun-jvm")
 # Not run by default; ``--runtimes pystatefun,pystatefun-no-metrics`` prints what the metrics
 # cost, run against run.
 NO_METRICS = "pystatefun-no-metrics"
-#: the Kafka broker's process when this run started it (its CPU is shown per phase)
-BROKER_PID: int | None = None
 KNOWN_RUNTIMES = (*RUNTIMES, NO_METRICS)
 SEMANTICS = ("exactly-once", "at-least-once")
 
@@ -200,7 +198,7 @@ class Phase:
     outputs: int = 0
     cpu_s: float = 0.0  # CPU time of the runtime process during the phase
     server_cpu_s: float = 0.0  # CPU time of the function server during the phase
-    broker_cpu_s: float = 0.0  # CPU time of the Kafka broker (when started here) in the phase
+    broker_cpu_s: float | None = None  # CPU time of the Kafka broker (None: not started here)
     reader_cpu_s: float = 0.0  # CPU time of this process (the output's reader) in the phase
     rss_mb: float = 0.0  # resident memory of the runtime process at the end of the phase
     failed: bool = False
@@ -254,7 +252,10 @@ def run_one(
     work: Path,
     heap: str,
     strict: bool = False,
+    broker_pid: int | None = None,
 ) -> Run:
+    """One runtime process through ``phases``; ``broker_pid``: the broker's process, if this
+    run started it (its CPU is measured per phase)."""
     tag = f"{runtime}-{semantic}-{uuid.uuid4().hex[:6]}"
     in_topic = f"bench-in-{tag}"
     for number, phase in enumerate(phases):
@@ -292,7 +293,17 @@ def run_one(
         with Reader(bootstrap, [p.topic for p in phases]) as reader:
             for phase in phases:
                 try:
-                    run_phase(phase, proc, reader, bootstrap, in_topic, server, failures, strict)
+                    run_phase(
+                        phase,
+                        proc,
+                        reader,
+                        bootstrap,
+                        in_topic,
+                        server,
+                        failures,
+                        strict,
+                        broker_pid,
+                    )
                     if phase.name == "warm-up":
                         wait_checkpoints(proc, checkpoints, 1, 120)
                 except (RuntimeError, TimeoutError) as exc:
@@ -304,8 +315,9 @@ def run_one(
                     f"[{runtime} {semantic}] {phase.name}: {phase.outputs} outputs, "
                     f"{phase.records_per_s:,.0f} records/s, p50 {phase.p50_ms:.0f} ms, "
                     f"p99 {phase.p99_ms:.0f} ms, CPU s runtime {phase.cpu_s:.1f} "
-                    f"function server {phase.server_cpu_s:.1f} broker {phase.broker_cpu_s:.1f} "
-                    f"reader {phase.reader_cpu_s:.1f} in {phase.wall_s:.1f} s"
+                    f"function server {phase.server_cpu_s:.1f} "
+                    f"broker {_seconds(phase.broker_cpu_s)} reader {phase.reader_cpu_s:.1f} "
+                    f"in {phase.wall_s:.1f} s"
                 )
         if runtime == "statefun-jvm":
             failed = peer.failures()
@@ -331,9 +343,10 @@ def run_phase(
     server: Proc,
     failures: Callable[[], list[str]],
     strict: bool = False,
+    broker_pid: int | None = None,
 ) -> None:
     """Run one phase; ``strict``: its outputs must be exactly its records (hot key: counts
-    consecutive), else it fails."""
+    consecutive), else it fails. ``broker_pid``: the broker's process, whose CPU is measured."""
     # A backlog is produced while the runtime is paused; the phase starts at the resume.
     if phase.backlog:
         os.killpg(proc.process.pid, signal.SIGSTOP)
@@ -349,7 +362,7 @@ def run_phase(
             phase.started = time.time()
     cpu_before = cpu_seconds(proc.process.pid)
     server_before = cpu_seconds(server.process.pid)
-    broker_before = cpu_seconds(BROKER_PID) if BROKER_PID else 0.0
+    broker_before = None if broker_pid is None else cpu_seconds(broker_pid)
     reader_before = time.process_time()
     wall_before = time.monotonic()
     expected_s = phase.count / (phase.rate or 2_000)
@@ -363,7 +376,8 @@ def run_phase(
     phase.wall_s = time.monotonic() - wall_before
     phase.cpu_s = cpu_seconds(proc.process.pid) - cpu_before
     phase.server_cpu_s = cpu_seconds(server.process.pid) - server_before
-    phase.broker_cpu_s = cpu_seconds(BROKER_PID) - broker_before if BROKER_PID else 0.0
+    if broker_pid is not None and broker_before is not None:
+        phase.broker_cpu_s = cpu_seconds(broker_pid) - broker_before
     phase.reader_cpu_s = time.process_time() - reader_before
     phase.rss_mb = rss_mb(proc.process.pid)
     if not phase.backlog:
@@ -411,7 +425,8 @@ def merge(runs: list[Run]) -> list[Run]:
                     setattr(phase, name, statistics.median(getattr(p, name) for p in done))
                 phase.cpu_s = statistics.median(p.cpu_s / p.wall_s for p in done)
                 phase.server_cpu_s = statistics.median(p.server_cpu_s / p.wall_s for p in done)
-                phase.broker_cpu_s = statistics.median(p.broker_cpu_s / p.wall_s for p in done)
+                broker = [p.broker_cpu_s / p.wall_s for p in done if p.broker_cpu_s is not None]
+                phase.broker_cpu_s = statistics.median(broker) if broker else None
                 phase.reader_cpu_s = statistics.median(p.reader_cpu_s / p.wall_s for p in done)
                 phase.wall_s = 1.0  # the CPU figures above are already per second
                 phase.all_rates = [p.records_per_s for p in done]
@@ -420,6 +435,10 @@ def merge(runs: list[Run]) -> list[Run]:
         notes = "; ".join(r.note for r in repeats if r.note)
         merged.append(Run(runtime, semantic, phases, notes))
     return merged
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _spread(values: list[float]) -> str:
@@ -447,7 +466,7 @@ def table(runs: list[Run]) -> str:
             cpu = f"{phase.cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
             server_cpu = f"{phase.server_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
             broker_cpu = "-"  # (not known for a broker this run did not start)
-            if phase.wall_s and BROKER_PID:
+            if phase.wall_s and phase.broker_cpu_s is not None:
                 broker_cpu = f"{phase.broker_cpu_s / phase.wall_s:.2f}"
             reader_cpu = f"{phase.reader_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
             lines.append(
@@ -643,8 +662,6 @@ def main() -> int:
             KafkaBroker.external(args.bootstrap) if args.bootstrap else KafkaBroker(heap="512m")
         )
         with broker:
-            global BROKER_PID
-            BROKER_PID = broker.pid
             bootstrap = broker.bootstrap_servers
             say(f"Kafka at {bootstrap}")
             port = free_port()
@@ -668,6 +685,7 @@ def main() -> int:
                                     work,
                                     args.heap,
                                     strict=args.smoke,
+                                    broker_pid=broker.pid,
                                 )
                             )
                     if args.phases in ("all", "backlog"):
