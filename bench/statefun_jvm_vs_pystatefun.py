@@ -48,7 +48,9 @@ With the backlog phases, each repeat also drives the function server alone (no r
 Kafka: bench/_server_alone.py) with the hot key's batches back to back: the ceiling of the
 hot-key backlog on this machine. The runtimes' records/s are printed as shares of it, and the
 ceiling over StateFun's records/s is the most that any runtime could show against StateFun
-there.
+there. The hot-key backlog is also shown repeat by repeat, with the machine's speed taken out
+of each ratio: both runtimes hand the function server the same full batches there, so its CPU
+per record in a phase measures how fast the machine ran in those seconds.
 
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py             # about 6 minutes
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick     # about 3 minutes
@@ -111,6 +113,7 @@ from statefun._kafka_local.broker import KafkaBroker, kafka_version  # noqa: E40
 
 TEMPLATE = PEER_DIR / "bench-counter-module.yaml"
 FUNCTION = "bench/_jvm_counter.py:functions"
+HOT_BACKLOG = "one hot key, backlog"  # the phase whose ceiling and machine speed are shown
 MANY_KEYS = 10_000
 HOT_KEY = "hot"
 RUNTIMES = ("pystatefun", "statefun-jvm")
@@ -519,7 +522,7 @@ def ceiling(runs: list[Run], alone: list[Alone]) -> str:
     reached: dict[tuple[str, str], float] = {}
     for run in runs:
         for phase in run.phases:
-            if phase.name == "one hot key, backlog" and phase.outputs:
+            if phase.name == HOT_BACKLOG and phase.outputs:
                 reached[run.runtime, run.semantic] = phase.records_per_s
                 lines.append(
                     f"- {run.semantic}, {run.runtime}: {phase.records_per_s / bound:.0%} of it"
@@ -531,6 +534,51 @@ def ceiling(runs: list[Run], alone: list[Alone]) -> str:
                 f"- {semantic}: no runtime could reach more than {bound / theirs:.2f}x StateFun's "
                 f"records/s in this phase here"
             )
+    return "\n".join(lines)
+
+
+def hot_backlog_by_repeat(runs: list[Run]) -> str:
+    """The one-hot-key backlog repeat by repeat: pystatefun's records/s over StateFun's, and
+    the same ratio with the machine's speed taken out.
+
+    The phases of a repeat run minutes apart, and this machine's speed moves by tens of
+    percent in minutes. Both runtimes send the function server the same work here (full
+    batches of 1,000 for one address), so the server's CPU per record in a phase tells how
+    fast the machine ran then; the ratio of records/s times the ratio of those CPU figures
+    (pystatefun's phase over StateFun's) is the ratio at one machine speed. It equals the
+    ratio of the function server's busy shares: one batch in flight keeps the server busy for
+    its part of each cycle, and the runtime for the rest."""
+    series: dict[tuple[str, str], list[Phase]] = {}
+    for run in runs:
+        for phase in run.phases:
+            if phase.name == HOT_BACKLOG:
+                series.setdefault((run.runtime, run.semantic), []).append(phase)
+    lines = []
+    for semantic in SEMANTICS:
+        ours = series.get(("pystatefun", semantic), [])
+        theirs = series.get(("statefun-jvm", semantic), [])
+        plain: list[float] = []
+        adjusted: list[float] = []
+        cells: list[str] = []
+        for mine, other in zip(ours, theirs, strict=False):  # (repeat by repeat)
+            if not (mine.outputs and other.outputs and mine.server_cpu_s and other.server_cpu_s):
+                continue
+            ratio = mine.records_per_s / other.records_per_s
+            per_record = (mine.server_cpu_s / mine.outputs, other.server_cpu_s / other.outputs)
+            plain.append(ratio)
+            adjusted.append(ratio * per_record[0] / per_record[1])
+            cells.append(
+                f"{ratio:.2f}x at {per_record[0] * 1e6:.1f} / {per_record[1] * 1e6:.1f} us -> "
+                f"{adjusted[-1]:.2f}x"
+            )
+        if not cells:
+            continue
+        lines.append(
+            f"- {semantic}, {HOT_BACKLOG}, repeat by repeat: records/s pystatefun / StateFun at "
+            "the function server's CPU per record in each phase (pystatefun's / StateFun's) -> "
+            f"at one machine speed: {'; '.join(cells)}; medians {statistics.median(plain):.2f}x"
+            f" and {statistics.median(adjusted):.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -640,7 +688,7 @@ def main() -> int:
             ],
             "backlog": [
                 Phase("many keys, backlog", MANY_KEYS, backlog, None, backlog=True),
-                Phase("one hot key, backlog", 1, backlog, None, backlog=True),
+                Phase(HOT_BACKLOG, 1, backlog, None, backlog=True),
             ],
         }
         warm_up_records = 300 if args.smoke else 3_000 if args.quick else 10_000
@@ -712,6 +760,10 @@ def main() -> int:
     print()
     print(ratios(merged))
     print()
+    by_repeat = hot_backlog_by_repeat(runs)
+    if by_repeat:
+        print(by_repeat)
+        print()
     if alone:
         print(ceiling(merged, alone))
         print()

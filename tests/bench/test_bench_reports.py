@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from bench.statefun_jvm_vs_pystatefun import NO_METRICS, Phase, Run, merge, metrics_cost, table
+from bench.statefun_jvm_vs_pystatefun import (
+    NO_METRICS,
+    Phase,
+    Run,
+    hot_backlog_by_repeat,
+    merge,
+    metrics_cost,
+    table,
+)
 
 
 def run(runtime: str, cpu_s: float, records_per_s: float) -> Run:
@@ -55,3 +63,35 @@ def test_the_table_shows_each_phases_cpu_per_process() -> None:
     external = merge([backlog(1000.0, None, 0.6), backlog(1200.0, None, 0.2)])
     [row] = [line for line in table(external).splitlines() if "| pystatefun |" in line]
     assert [cell.strip() for cell in row.strip("|").split("|")][9] == "-"
+
+
+def hot(runtime: str, semantic: str, records_per_s: float, server_cpu_s: float) -> Run:
+    phase = Phase("one hot key, backlog", 1, 300_000, None, backlog=True, outputs=300_000)
+    phase.records_per_s, phase.server_cpu_s, phase.wall_s = records_per_s, server_cpu_s, 4.0
+    many = Phase("many keys, backlog", 10, 300_000, None, backlog=True, outputs=300_000)
+    many.records_per_s, many.server_cpu_s = 5.0 * records_per_s, 1.0
+    return Run(runtime, semantic, [many, phase])
+
+
+def test_the_hot_backlog_is_compared_repeat_by_repeat_at_one_machine_speed() -> None:
+    """Each repeat's ratio, and that ratio times the function server's CPU per record in
+    pystatefun's phase over StateFun's (the machine's speed in each phase) - pairs made of
+    the same repeat, whichever runtime ran first; other phases and semantics stay out."""
+    runs = [
+        # repeat 1: pystatefun on a slow stretch (the server took 8 us a record, not 5.7)
+        hot("pystatefun", "at-least-once", 60_000.0, 2.4),
+        hot("statefun-jvm", "at-least-once", 80_000.0, 1.7),
+        # repeat 2: the other way round
+        hot("statefun-jvm", "at-least-once", 60_000.0, 2.3),
+        hot("pystatefun", "at-least-once", 81_000.0, 1.8),
+        hot("pystatefun", "exactly-once", 50_000.0, 0.0),  # (no server CPU: left out)
+        hot("statefun-jvm", "exactly-once", 40_000.0, 2.0),
+    ]
+    report = hot_backlog_by_repeat(runs)
+    assert report == (
+        "- at-least-once, one hot key, backlog, repeat by repeat: records/s pystatefun / "
+        "StateFun at the function server's CPU per record in each phase (pystatefun's / "
+        "StateFun's) -> at one machine speed: 0.75x at 8.0 / 5.7 us -> 1.06x; "
+        "1.35x at 6.0 / 7.7 us -> 1.06x; medians 1.05x and 1.06x"
+    )
+    assert hot_backlog_by_repeat(runs[:1]) == ""
