@@ -545,9 +545,11 @@ def hot_backlog_by_repeat(runs: list[Run]) -> str:
     percent in minutes. Both runtimes send the function server the same work here (full
     batches of 1,000 for one address), so the server's CPU per record in a phase tells how
     fast the machine ran then; the ratio of records/s times the ratio of those CPU figures
-    (pystatefun's phase over StateFun's) is the ratio at one machine speed. It equals the
-    ratio of the function server's busy shares: one batch in flight keeps the server busy for
-    its part of each cycle, and the runtime for the rest."""
+    (pystatefun's phase over StateFun's) is the ratio at one machine speed. It is about the
+    ratio of the function server's busy shares (the table's "CPU: function server"): one
+    batch in flight keeps the server busy for its part of each cycle, and the runtime for the
+    rest. It holds while the batches stay full: smaller ones cost the server more per record,
+    which this would take for a slower machine and credit to the runtime."""
     series: dict[tuple[str, str], list[Phase]] = {}
     for run in runs:
         for phase in run.phases:
