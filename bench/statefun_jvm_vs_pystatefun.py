@@ -563,7 +563,11 @@ def hot_backlog_by_repeat(runs: list[Run]) -> str:
         adjusted: list[float] = []
         cells: list[str] = []
         for mine, other in zip(ours, theirs, strict=False):  # (repeat by repeat)
-            if not (mine.outputs and other.outputs and mine.server_cpu_s and other.server_cpu_s):
+            if mine.failed or other.failed:
+                continue
+            if not (mine.records_per_s and other.records_per_s and mine.outputs):
+                continue
+            if not (other.outputs and mine.server_cpu_s and other.server_cpu_s):
                 continue
             ratio = mine.records_per_s / other.records_per_s
             per_record = (mine.server_cpu_s / mine.outputs, other.server_cpu_s / other.outputs)
@@ -578,8 +582,8 @@ def hot_backlog_by_repeat(runs: list[Run]) -> str:
         lines.append(
             f"- {semantic}, {HOT_BACKLOG}, repeat by repeat: records/s pystatefun / StateFun at "
             "the function server's CPU per record in each phase (pystatefun's / StateFun's) -> "
-            f"at one machine speed: {'; '.join(cells)}; medians {statistics.median(plain):.2f}x"
-            f" and {statistics.median(adjusted):.2f}x"
+            f"at one machine speed: {'; '.join(cells)}; the repeats' medians "
+            f"{statistics.median(plain):.2f}x and {statistics.median(adjusted):.2f}x"
         )
     return "\n".join(lines)
 

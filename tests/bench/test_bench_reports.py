@@ -84,14 +84,18 @@ def test_the_hot_backlog_is_compared_repeat_by_repeat_at_one_machine_speed() -> 
         # repeat 2: the other way round
         hot("statefun-jvm", "at-least-once", 60_000.0, 2.3),
         hot("pystatefun", "at-least-once", 81_000.0, 1.8),
+        # repeat 3: StateFun's phase failed (left out, as merge() leaves it out)
+        hot("pystatefun", "at-least-once", 70_000.0, 2.0),
+        hot("statefun-jvm", "at-least-once", 10_000.0, 2.0),
         hot("pystatefun", "exactly-once", 50_000.0, 0.0),  # (no server CPU: left out)
         hot("statefun-jvm", "exactly-once", 40_000.0, 2.0),
     ]
+    runs[5].phases[1].failed = True
     report = hot_backlog_by_repeat(runs)
     assert report == (
         "- at-least-once, one hot key, backlog, repeat by repeat: records/s pystatefun / "
         "StateFun at the function server's CPU per record in each phase (pystatefun's / "
         "StateFun's) -> at one machine speed: 0.75x at 8.0 / 5.7 us -> 1.06x; "
-        "1.35x at 6.0 / 7.7 us -> 1.06x; medians 1.05x and 1.06x"
+        "1.35x at 6.0 / 7.7 us -> 1.06x; the repeats' medians 1.05x and 1.06x"
     )
     assert hot_backlog_by_repeat(runs[:1]) == ""
