@@ -31,7 +31,7 @@ from statefun._exceptions import ConfigurationError
 from statefun._kafka import import_kafka, librdkafka_config
 from statefun._kafka._throttle import Throttle
 from statefun.ingress._kafka_fetch import header_size
-from statefun.ingress._kafka_runs import messages
+from statefun.ingress._kafka_runs import Fields, messages
 from statefun.sdk._types import TypedValue
 
 import_kafka()  # first: it quiets kafka-python's import-time warnings
@@ -220,6 +220,10 @@ def to_record(message: Any) -> Any:
     )
 
 
+#: how the ingress's run reader reads a librdkafka message (its methods, called unbound)
+_FIELDS = Fields(MESSAGE.key, MESSAGE.value, MESSAGE.partition, MESSAGE.topic)
+
+
 def message_run(
     batch: list[Any],
     start: int,
@@ -229,16 +233,4 @@ def message_run(
     """The (id, value) of each message from ``start`` on, up to the first that is not valid
     or is of another partition: the ingress's run (``_kafka_runs.py``) read from librdkafka's
     messages where they are (no ``ConsumerRecord`` per message; on the hot path)."""
-    first = batch[start]
-    topic, partition = first.topic(), first.partition()
-    pairs: list[tuple[bytes, bytes]] = []
-    append = pairs.append
-    for index in range(start, len(batch)):
-        message = batch[index]
-        key, value = message.key(), message.value()
-        if key is None or value is None or message.partition() != partition:
-            break
-        if message.topic() != topic:  # (a poll's messages come grouped by partition)
-            break
-        append((key, value))
-    return messages(pairs, value_type, validate)
+    return messages(batch, start, _FIELDS, value_type, validate)

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
@@ -48,7 +49,7 @@ from statefun._kafka import (
 from statefun._kafka._dead_letters import DeadLetterProducer, dead_letter_entries, headers
 from statefun._kafka._yaml import parse_ingress
 from statefun.connectors import ConnectorContext, ConnectorKind
-from statefun.ingress._kafka_runs import messages
+from statefun.ingress._kafka_runs import Fields, messages
 from statefun.ingress._records import BUILTIN_TYPES
 from statefun.ingress.base import IngressContext, Source
 from statefun.module._specs import KafkaIngressSpec, KafkaTopicSpec
@@ -63,6 +64,10 @@ __all__ = ["DEFAULT_POLL_RECORDS", "KIND", "KafkaSource"]
 log = logging.getLogger(__name__)
 
 _POLL_TIMEOUT_MS = 200
+#: how the run reader reads a kafka-python ConsumerRecord
+_RECORD_FIELDS = Fields(
+    attrgetter("key"), attrgetter("value"), attrgetter("partition"), attrgetter("topic")
+)
 _T = TypeVar("_T")
 Startup = Literal["earliest", "latest", "group-offsets", "specific-offsets", "date"]
 
@@ -456,19 +461,7 @@ class KafkaSource(Source):
     def _valid_run(batch: list[Any], start: int, route: _Route) -> list[tuple[str, TypedValue]]:
         """The (id, value) of each record from ``start`` on, up to the first that is not valid
         or is of another partition."""
-        first = batch[start]
-        topic, partition = first.topic, first.partition
-        pairs: list[tuple[bytes, bytes]] = []
-        append = pairs.append
-        for index in range(start, len(batch)):
-            record = batch[index]
-            key, value = record.key, record.value
-            if key is None or value is None or record.partition != partition:
-                break
-            if record.topic != topic:  # (a poll's records come grouped by partition)
-                break
-            append((key, value))
-        return messages(pairs, route.value_type, route.validate)
+        return messages(batch, start, _RECORD_FIELDS, route.value_type, route.validate)
 
     async def _discover(self, first: bool) -> None:
         starts, missing = await self._call(self._assign, first)

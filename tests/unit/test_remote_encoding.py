@@ -86,9 +86,10 @@ def test_invocation_is_what_protobuf_writes_at_every_length() -> None:
 
 
 def test_a_runs_encoder_gives_the_bytes_of_ingress_invocation() -> None:
-    """The encoder of a run of one type (``ingress_encoder``: one join per value) against the
-    general one: at every length around the one-byte limit, without a value, empty, and for
-    values of another type, for short and long typenames (whose head leaves no fast path)."""
+    """The encoder of a run of one type (``ingress_encoder``: one concatenation per value)
+    against the general one: at every length around the one-byte limit, without a value,
+    empty, and for values of another type, for short and long typenames (whose head leaves no
+    fast path)."""
     for typename in ("a/b", "com.example/" + "t" * 40, "com.example/" + "t" * 130):
         encode = ingress_encoder(typename)
         assert ingress_encoder(typename) is encode  # made once per type
