@@ -563,11 +563,11 @@ def hot_backlog_by_repeat(runs: list[Run]) -> str:
         adjusted: list[float] = []
         cells: list[str] = []
         for mine, other in zip(ours, theirs, strict=False):  # (repeat by repeat)
-            if mine.failed or other.failed:
-                continue
-            if not (mine.records_per_s and other.records_per_s and mine.outputs):
-                continue
-            if not (other.outputs and mine.server_cpu_s and other.server_cpu_s):
+            measured = (
+                not p.failed and p.records_per_s and p.outputs and p.server_cpu_s
+                for p in (mine, other)
+            )
+            if not all(measured):
                 continue
             ratio = mine.records_per_s / other.records_per_s
             per_record = (mine.server_cpu_s / mine.outputs, other.server_cpu_s / other.outputs)

@@ -39,8 +39,8 @@ def messages(
     validate: Callable[[bytes], Any] | None,
 ) -> list[tuple[str, TypedValue]]:
     """(id, value) for each record of ``batch`` from ``start`` on, up to the first of another
-    partition, without a key or a value, whose key is not UTF-8 or whose value ``validate``
-    refuses."""
+    topic or partition, without a key or a value, whose key is not UTF-8 or whose value
+    ``validate`` refuses."""
     key_of, value_of, partition_of, topic_of = fields
     first = batch[start]
     topic, partition = topic_of(first), partition_of(first)
