@@ -42,7 +42,10 @@ a topic of its own (named in the record):
 Producers run in another process; the reader (read_committed) in this one. Each phase's CPU
 (cores busy on average) is shown for the runtime, the function server, the broker (when this
 run started it) and this process: on two cores they share, the others' CPU is time the
-runtime and the function server wait for a core.
+runtime and the function server wait for a core. The function server's is shown to three
+decimals: in a backlog phase its busy share is the part of each cycle the runtime leaves it,
+which judges a change of one runtime without the machine's speed (a few thousandths apart
+across runs of the same code).
 
 With the backlog phases, each repeat also drives the function server alone (no runtime, no
 Kafka: bench/_server_alone.py) with the hot key's batches back to back: the ceiling of the
@@ -467,7 +470,7 @@ def table(runs: list[Run]) -> str:
             if phase.rate is None:
                 rate = f"{phase.records_per_s:,.0f}{_spread(phase.all_rates)}"
             cpu = f"{phase.cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
-            server_cpu = f"{phase.server_cpu_s / phase.wall_s:.2f}" if phase.wall_s else "-"
+            server_cpu = f"{phase.server_cpu_s / phase.wall_s:.3f}" if phase.wall_s else "-"
             broker_cpu = "-"  # (not known for a broker this run did not start)
             if phase.wall_s and phase.broker_cpu_s is not None:
                 broker_cpu = f"{phase.broker_cpu_s / phase.wall_s:.2f}"

@@ -51,15 +51,16 @@ def backlog(records_per_s: float, broker_cpu_s: float | None, reader_cpu_s: floa
 
 
 def test_the_table_shows_each_phases_cpu_per_process() -> None:
-    """Cores busy in the phase: runtime, function server, broker, reader; medians over the
-    repeats; the broker's only when the run started it (its process is known)."""
+    """Cores busy in the phase: runtime, function server (to three decimals), broker,
+    reader; medians over the repeats; the broker's only when the run started it (its
+    process is known)."""
     runs = merge([backlog(1000.0, 0.4, 0.6), backlog(1200.0, 0.2, 0.2), backlog(900.0, 0.3, 1.0)])
     [row] = [line for line in table(runs).splitlines() if "| pystatefun |" in line]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     # records/s, p50, p99, max, then runtime 1.0/2.0 s, server 0.5/2.0, broker 0.3/2.0,
     # reader 0.6/2.0 (the medians), then RSS
     assert cells[3] == "1,000 (900-1,200)"
-    assert cells[7:11] == ["0.50", "0.25", "0.15", "0.30"]
+    assert cells[7:11] == ["0.50", "0.250", "0.15", "0.30"]
     external = merge([backlog(1000.0, None, 0.6), backlog(1200.0, None, 0.2)])
     [row] = [line for line in table(external).splitlines() if "| pystatefun |" in line]
     assert [cell.strip() for cell in row.strip("|").split("|")][9] == "-"
