@@ -11,6 +11,11 @@ the change on, so that:
 * revoked partitions are checkpointed and committed (with this generation's metadata, which is
   still valid: the eager protocol calls ``on_partitions_revoked`` before it joins again) and
   dropped before the group moves them: the callback waits for the event loop;
+* lost partitions (the group dropped this member: its session expired, a pause or a stall
+  outlasted it) are dropped without a checkpoint: another member may own them already, and the
+  consumer's metadata no longer carries a generation, which is what lets the broker fence a
+  transaction's offsets (KIP-447), so nothing of them may be committed; their next owner
+  replays them from the last checkpoint;
 * assigned partitions are restored from the changelog before any of their records is routed:
   the callback pauses them (kafka-python runs callbacks on its network thread, where its
   blocking calls are refused), and the polling thread, after that poll, finds where each starts,
@@ -85,7 +90,7 @@ class Membership:
         config: ClusterConfig,
         loop: asyncio.AbstractEventLoop,
         assigned: Callable[[Partitions, list[tuple[str, int]]], Awaitable[None]],
-        revoked: Callable[[Partitions], Awaitable[None]],
+        revoked: Callable[[Partitions, bool], Awaitable[None]],
         deliver: Callable[[list[Any]], Awaitable[None]],
         inputs: Mapping[str, str] | None = None,
         user_data: bytes = b"",
@@ -193,11 +198,20 @@ class Membership:
         self._consumer.resume(*assigned)
         return polled
 
-    def revoked(self, partitions: Partitions) -> None:
-        log.info("cluster: partitions revoked: %s", _ranges(sorted(partitions)))
+    def revoked(self, partitions: Partitions, lost: bool = False) -> None:
+        """The group takes ``partitions`` back; ``lost``: it dropped this member first (the
+        partitions may be another member's already)."""
+        if lost:
+            log.warning(
+                "cluster: this member left the group (its session expired); partitions "
+                "dropped without a checkpoint: %s",
+                _ranges(sorted(partitions)),
+            )
+        else:
+            log.info("cluster: partitions revoked: %s", _ranges(sorted(partitions)))
         self.partitions, self.input_partitions = [], []
         self._pending = None
-        self._on_loop(self._revoked(partitions))
+        self._on_loop(self._revoked(partitions, lost))
 
     def assigned(self, partitions: Partitions, inputs: list[Any]) -> None:
         """(kafka-python's network thread: no blocking call of the consumer here.)"""
@@ -283,6 +297,9 @@ class _Listener(_listener_base()):  # type: ignore[misc]
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self._membership.revoked([tp.partition for tp in revoked if tp.topic == self._topic])
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self._membership.revoked([tp.partition for tp in lost if tp.topic == self._topic], True)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         self._membership.assigned(

@@ -380,6 +380,17 @@ class Epoch:
         async with self._lock:
             if job.failed:
                 raise JobFailedError("the job failed: no checkpoint is taken after a failure")
+            # The commit carries the group's metadata as of this cut, for the broker to fence
+            # a member whose partitions moved (KIP-447). A consumer that the group dropped
+            # has no generation, and the broker checks no generation at all for such a
+            # transaction's offsets: a cut outside this epoch's generation is never committed.
+            member = self.membership.group_metadata()
+            if member.generation_id != self.generation or not member.member_id:
+                raise import_kafka().errors.CommitFailedError(
+                    f"worker {self.config.worker_id}: its consumer is at generation "
+                    f"{member.generation_id} of the group, not at this assignment's "
+                    f"{self.generation}: no checkpoint of this assignment is committed"
+                )
             self._forward()
             http = None if self.http_link is None else self.http_link.cut(self.config)
             changed = self.state.take_changed()
@@ -433,7 +444,7 @@ class Epoch:
             checkpoint_id = self._checkpoint_id
             proven = False
             try:
-                if self.transactions.seal(checkpoint_id, offsets, self.membership.group_metadata()):
+                if self.transactions.seal(checkpoint_id, offsets, member):
                     await self.transactions.commit(checkpoint_id)
                     self.committed += 1
                     proven = True
@@ -602,11 +613,17 @@ class ClusterWorker:
         if self.admin is not None and epoch.job is not None:
             self.admin.serve(epoch.job, partitions, inputs, self.membership.generation)
 
-    async def _revoked(self, partitions: Partitions) -> None:
+    async def _revoked(self, partitions: Partitions, lost: bool) -> None:
+        """The epoch ends: checkpointed and its cut carried, or, its partitions ``lost``
+        (the group dropped this worker), dropped without a checkpoint."""
         if self.admin is not None:
             self.admin.pause()
         epoch, self.epoch = self.epoch, None
-        if epoch is not None:
+        if lost:
+            self._carried = None
+            if epoch is not None:
+                await epoch.stop(checkpoint=False)
+        elif epoch is not None:
             self._carried = await epoch.stop(checkpoint=True, carry=True)
 
     async def _deliver(self, records: list[Any]) -> None:

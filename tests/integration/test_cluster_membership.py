@@ -1,13 +1,16 @@
-"""A worker's group member (``Membership``) on a real broker, through a rebalance its group
+"""A worker's group member (``Membership``) on a real broker: through a rebalance its group
 leader starts because a subscribed topic got more partitions, with a join that outlasts the
-leader's poll: the leader still takes its new assignment (it is not left out of the group,
-polling on without partitions and without heartbeats)."""
+leader's poll, the leader still takes its new assignment (it is not left out of the group,
+polling on without partitions and without heartbeats); a member the group dropped hands its
+partitions on as lost (never to be committed), then joins again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -62,6 +65,8 @@ class _Member:
     def __init__(self, config: ClusterConfig, source: str) -> None:
         #: (generation, exchange partitions, input partitions) of each assignment taken
         self.assignments: list[tuple[int, list[int], list[tuple[str, int]]]] = []
+        #: (exchange partitions, lost) of each revocation
+        self.revocations: list[tuple[list[int], bool]] = []
         self.membership = Membership(
             config,
             asyncio.get_running_loop(),
@@ -74,8 +79,8 @@ class _Member:
     async def _assigned(self, partitions: list[int], inputs: list[tuple[str, int]]) -> None:
         self.assignments.append((self.membership.generation, partitions, inputs))
 
-    async def _revoked(self, partitions: list[int]) -> None:
-        pass
+    async def _revoked(self, partitions: list[int], lost: bool) -> None:
+        self.revocations.append((partitions, lost))
 
     async def _deliver(self, records: list[Any]) -> None:
         pass
@@ -92,10 +97,10 @@ async def _until(what: str, done: Any, seconds: float, members: list[_Member]) -
         await asyncio.sleep(0.1)
 
 
-async def test_the_leader_takes_its_assignment_when_a_rejoin_outlasts_its_poll(
-    bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_membership, "_range_assignor", _slow_range)
+@contextlib.asynccontextmanager
+async def _job(bootstrap: str, workers: list[str]) -> AsyncIterator[tuple[Any, str, list[_Member]]]:
+    """A job with a 1-partition input topic and its topics made; a member per worker (not
+    started), stopped and closed at the end: (admin client, input topic, members)."""
     job = f"membership-{uuid.uuid4().hex[:8]}"
     source = f"{job}-in"
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -103,32 +108,11 @@ async def test_the_leader_takes_its_assignment_when_a_rejoin_outlasts_its_poll(
         admin.create_topics(
             {source: {"num_partitions": 1, "replication_factor": 1}}, wait_for_metadata=True
         )
-        first = _config(bootstrap, job, "a")
-        await asyncio.to_thread(ensure_topics, first)
-        leader = _Member(first, source)
-        other = _Member(_config(bootstrap, job, "b"), source)
-        members = [leader, other]
+        configs = [_config(bootstrap, job, worker) for worker in workers]
+        await asyncio.to_thread(ensure_topics, configs[0])
+        members = [_Member(config, source) for config in configs]
         try:
-            leader.membership.start()  # alone: the group's leader
-            await _until("alone", lambda: leader.last()[1] == [0, 1], 30, members)
-            other.membership.start()
-            both = lambda: leader.last()[0] == other.last()[0] > 0 and other.last()[1]  # noqa: E731
-            await _until("together", both, 30, members)
-            generation = leader.last()[0]
-
-            await asyncio.to_thread(admin.create_partitions, {source: 2})
-            # (the leader's metadata would show the new partition within metadata.max.age.ms)
-            await asyncio.to_thread(leader.membership._consumer.topics)
-            inputs = lambda: sorted(leader.last()[2] + other.last()[2])  # noqa: E731
-            await _until(
-                "after the new partition",
-                lambda: (
-                    leader.last()[0] == other.last()[0] > generation
-                    and inputs() == [(source, 0), (source, 1)]
-                ),
-                20,
-                members,
-            )
+            yield admin, source, members
         finally:
             for member in members:
                 member.membership.stop_polling()
@@ -138,3 +122,49 @@ async def test_the_leader_takes_its_assignment_when_a_rejoin_outlasts_its_poll(
                     await asyncio.to_thread(member.membership.close)
     finally:
         admin.close()
+
+
+async def test_the_leader_takes_its_assignment_when_a_rejoin_outlasts_its_poll(
+    bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_membership, "_range_assignor", _slow_range)
+    async with _job(bootstrap, ["a", "b"]) as (admin, source, members):
+        leader, other = members
+        leader.membership.start()  # alone: the group's leader
+        await _until("alone", lambda: leader.last()[1] == [0, 1], 30, members)
+        other.membership.start()
+        both = lambda: leader.last()[0] == other.last()[0] > 0 and other.last()[1]  # noqa: E731
+        await _until("together", both, 30, members)
+        generation = leader.last()[0]
+
+        await asyncio.to_thread(admin.create_partitions, {source: 2})
+        # (the leader's metadata would show the new partition within metadata.max.age.ms)
+        await asyncio.to_thread(leader.membership._consumer.topics)
+        inputs = lambda: sorted(leader.last()[2] + other.last()[2])  # noqa: E731
+        await _until(
+            "after the new partition",
+            lambda: (
+                leader.last()[0] == other.last()[0] > generation
+                and inputs() == [(source, 0), (source, 1)]
+            ),
+            20,
+            members,
+        )
+
+
+async def test_a_member_the_group_dropped_hands_its_partitions_on_as_lost(bootstrap: str) -> None:
+    """When its consumer learns that the group dropped it (here: its generation reset, as
+    kafka-python does when a heartbeat or a commit says the member is unknown), the member's
+    partitions go out through the lost path, not the revoke that may commit, and the member
+    joins again in a later generation."""
+    async with _job(bootstrap, ["a"]) as (_, _, members):
+        [member] = members
+        member.membership.start()
+        await _until("alone", lambda: member.last()[1] == [0, 1], 30, members)
+        generation = member.last()[0]
+        member.revocations.clear()  # (a first join may revoke an empty assignment)
+
+        member.membership._consumer._coordinator.reset_generation()
+        await _until("again", lambda: member.last()[0] > generation, 30, members)
+        assert [(sorted(p), lost) for p, lost in member.revocations] == [([0, 1], True)]
+        assert member.last()[1] == [0, 1]
