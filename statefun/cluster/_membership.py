@@ -203,8 +203,8 @@ class Membership:
         partitions may be another member's already)."""
         if lost:
             log.warning(
-                "cluster: this member left the group (its session expired); partitions "
-                "dropped without a checkpoint: %s",
+                "cluster: the group dropped this member (its session expired, or its "
+                "generation was refused); partitions dropped without a checkpoint: %s",
                 _ranges(sorted(partitions)),
             )
         else:
