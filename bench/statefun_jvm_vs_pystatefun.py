@@ -44,8 +44,8 @@ Producers run in another process; the reader (read_committed) in this one. Each 
 run started it) and this process: on two cores they share, the others' CPU is time the
 runtime and the function server wait for a core. The function server's is shown to three
 decimals: in a backlog phase its busy share is the part of each cycle the runtime leaves it,
-which judges a change of one runtime without the machine's speed (a few thousandths apart
-across runs of the same code).
+which judges a change of one runtime without the machine's speed (0.477-0.500 over 13 runs
+of the same code: a change needs interleaved pairs).
 
 With the backlog phases, each repeat also drives the function server alone (no runtime, no
 Kafka: bench/_server_alone.py) with the hot key's batches back to back: the ceiling of the

@@ -40,7 +40,8 @@ def _epoch(generation: int, metadata: Any) -> Epoch:
     epoch.membership = SimpleNamespace(group_metadata=lambda: metadata)
     epoch.transactions = _Untouched()
     epoch.state = _Untouched()
-    epoch._forwarders = _Untouched()
+    epoch._forwarders = []
+    epoch.outbound = _Untouched()  # (the first thing a cut touches: its exchange messages)
     return epoch
 
 
@@ -56,4 +57,10 @@ def _epoch(generation: int, metadata: Any) -> Epoch:
 async def test_a_checkpoint_outside_the_assignments_generation_is_refused(metadata: Any) -> None:
     epoch = _epoch(7, metadata)
     with pytest.raises(kafka.errors.CommitFailedError, match="not at this assignment's 7"):
+        await epoch.checkpoint()
+
+
+async def test_a_checkpoint_in_the_assignments_generation_goes_on_to_its_cut() -> None:
+    epoch = _epoch(7, kafka.ConsumerGroupMetadata("pystatefun.unit", 7, "member-1"))
+    with pytest.raises(AssertionError, match="the checkpoint went on to flush"):
         await epoch.checkpoint()
