@@ -27,7 +27,8 @@ restored job holds its message or its effects:
   the WAL is read again.
 * At each cut the keys completed since the previous one, the calls whose message is inside
   the runtime (with their request id) and the replies held for the cut (``reply_release=
-  on-checkpoint``) go into the ingress's checkpointed position. After a restore a call that
+  on-checkpoint``) go into the ingress's checkpointed position (a call whose reply is out,
+  its future's callbacks not run yet, counts as completed). After a restore a call that
   was in flight is in progress again: the restored message is processed and its reply is
   recorded for the key (a retry waits for it); a held reply is the key's recorded reply.
 * When a checkpoint completes, the keys it covers are appended to the key log
@@ -132,8 +133,11 @@ class IdempotentRequests:
         run: Callable[[Entry], Awaitable[Reply]],
         reply_of: Callable[[Any], Reply],
         timeout_s: float,
+        explain: Callable[[str], str] | None = None,
     ) -> Reply:
-        """The reply to a request carrying ``key``: ``run(entry)`` processes a new one."""
+        """The reply to a request carrying ``key``: ``run(entry)`` processes a new one.
+        ``explain(request id)`` says why a call in progress has no reply yet (in the 504 a
+        repeat gets when it has waited ``timeout_s``)."""
         problem = check_key(key)
         if problem is not None:
             return plain(400, f"bad {HEADER} header: {problem}")
@@ -153,9 +157,7 @@ class IdempotentRequests:
                 if result is None:  # in progress: wait for its outcome
                     result = await asyncio.wait_for(self.store.wait(entry), timeout_s)
             except TimeoutError:
-                return plain(
-                    504, f"the request with {HEADER} {key!r} is still in progress; retry later"
-                )
+                return plain(504, self._in_progress(key, entry, explain))
             if result is None:
                 continue  # the first attempt was not processed: this one may be
             self.replayed += 1
@@ -163,6 +165,15 @@ class IdempotentRequests:
                 return _ACCEPTED_AGAIN
             reply = reply_of(reply_value(result))
             return reply._replace(headers=reply.headers + REPLAYED)
+
+    @staticmethod
+    def _in_progress(key: str, entry: Entry, explain: Callable[[str], str] | None) -> str:
+        why = ""
+        if not entry.emitted:
+            why = ": its message has not entered the runtime yet"
+        elif entry.request_id is not None and explain is not None:
+            why = ": " + explain(entry.request_id)
+        return f"the request with {HEADER} {key!r} is still in progress{why}; retry later"
 
     async def _first(self, entry: Entry, run: Callable[[Entry], Awaitable[Reply]]) -> Reply:
         try:
@@ -185,6 +196,7 @@ class IdempotentRequests:
         """``entry`` is a call answered by ``future`` (kept until the reply, even if the
         caller leaves)."""
         entry.request_id = request_id
+        entry.reply = future
         future.add_done_callback(lambda done: self._replied(entry, done))
 
     def emitted(self, key: str, request_id: str | None, fields: list[Any] | None = None) -> None:
@@ -207,6 +219,9 @@ class IdempotentRequests:
     def _replied(self, entry: Entry, future: asyncio.Future[Any]) -> None:
         if entry.request_id is not None:
             self._calls.pop(entry.request_id, None)
+        entry.reply = None  # (the reply's value is kept as the result's bytes)
+        if entry.result is not None:
+            return  # recorded already, by a cut that came before this callback
         if future.cancelled():
             return  # the job stops; a checkpoint holds the call
         if future.exception() is not None:
@@ -233,6 +248,12 @@ class IdempotentRequests:
         """At a cut: the keys no complete checkpoint's log holds, and calls in flight."""
         if self.log is None:
             return None
+        # A checkpoint releases its replies and the next one may be cut in the same loop
+        # step, before the futures' callbacks ran: a call whose reply is out is complete.
+        for entry in list(self._calls.values()):
+            reply = entry.reply
+            if reply is not None and reply.done():
+                self._replied(entry, reply)
         self._cut += 1
         for entry in self._pending:
             entry.tag = self._cut
@@ -309,6 +330,7 @@ class IdempotentRequests:
         entry.orphan = True
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.replies[entry.request_id] = future
+        entry.reply = future
         self._calls[entry.request_id] = entry
         future.add_done_callback(lambda done: self._replied(entry, done))
 

@@ -75,6 +75,7 @@ class Entry:
         "fingerprint",
         "key",
         "orphan",
+        "reply",
         "request_id",
         "result",
         "route",
@@ -90,6 +91,7 @@ class Entry:
         self.request_id: str | None = None  # of a call
         self.emitted = False  # its message entered the runtime
         self.orphan = False  # a call restored in progress: no caller of this process waits
+        self.reply: asyncio.Future[Any] | None = None  # of a call: what its reply completes
         self.tag = 0  # the cut that covers it
         self._waiters: asyncio.Future[Result] | None = None
 

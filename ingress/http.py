@@ -379,8 +379,12 @@ class HttpSource(Source):
                 return self._send(typename, id_, value, entry)
             return self._call(typename, id_, value, entry)
 
+        unanswered = self.unanswered
+        explain = (
+            None if unanswered is None else lambda request_id: unanswered(request_id, typename)
+        )
         return self.keys.answer(
-            key, kind, typename, id_, value, run, call_reply, self.reply_timeout_s
+            key, kind, typename, id_, value, run, call_reply, self.reply_timeout_s, explain
         )
 
     async def _send(

@@ -6,6 +6,7 @@ the reply of the one execution that counted."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -34,7 +35,9 @@ STATEFUN = [sys.executable, "-m", "statefun"]
 def module_yaml(tmp: Path, port: int) -> None:
     (tmp / "module.yaml").write_text(
         endpoint_yaml(FUNCTIONS, None, namespace="test")
+        # the ingress answers a call within 4 s (a 504 saying why), before the client gives up
         + f"---\nkind: io.pystatefun.http.v1/ingress\nspec:\n  id: test/http\n  port: {port}\n"
+        + "  replyTimeout: 4s\n"
         + "---\nkind: io.pystatefun.file.v1/egress\nspec:\n  id: test/out\n  path: out.jsonl\n"
     )
 
@@ -72,6 +75,7 @@ class RetryingClient(threading.Thread):
         self.answers: dict[str, tuple[int, str]] = {}
         self.attempts = 0
         self.error: BaseException | None = None
+        self.last_failure = ""  # of the request being retried: why it had no answer
 
     def run(self) -> None:
         try:
@@ -95,12 +99,15 @@ class RetryingClient(threading.Thread):
                 with urllib.request.urlopen(request, timeout=10) as response:
                     return response.status, response.read().decode().strip()
             except urllib.error.HTTPError as exc:
+                body = exc.read().decode().strip()
                 if exc.code not in (503, 504):
-                    return exc.code, exc.read().decode().strip()
-            except (urllib.error.URLError, OSError):
-                pass  # the runtime is down or restarting: try again with the same key
+                    return exc.code, body
+                self.last_failure = f"{exc.code} {body}"
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                # the runtime is down, restarting or died mid-answer: retry with the key
+                self.last_failure = repr(exc)
             time.sleep(0.02)
-        raise AssertionError(f"no answer for {key} within 120 s")
+        raise AssertionError(f"no answer for {key} within 120 s; the last: {self.last_failure}")
 
 
 def test_retries_with_keys_across_sigkills_count_once(tmp_path: Path) -> None:
@@ -123,15 +130,18 @@ def test_retries_with_keys_across_sigkills_count_once(tmp_path: Path) -> None:
     for client in clients:
         client.start()
     kills = 0
-    for _ in range(5):
-        process = subprocess.Popen(run_args(tmp_path), cwd=tmp_path, stderr=subprocess.DEVNULL)
+    for n in range(5):
+        with (tmp_path / f"run-{n}.log").open("wb") as logged:
+            process = subprocess.Popen(run_args(tmp_path), cwd=tmp_path, stderr=logged)
         time.sleep(rng.uniform(0.7, 1.4))  # starting takes ~0.5 s; then requests flow
         if process.poll() is not None:
             break
         process.send_signal(signal.SIGKILL)
         process.wait()
         kills += 1
-    final = subprocess.Popen(run_args(tmp_path), cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    final_log = tmp_path / "run-final.log"
+    with final_log.open("wb") as logged:
+        final = subprocess.Popen(run_args(tmp_path), cwd=tmp_path, stderr=logged)
     try:
         for client in clients:
             client.join(timeout=200)
@@ -139,13 +149,14 @@ def test_retries_with_keys_across_sigkills_count_once(tmp_path: Path) -> None:
         listening(port)  # its signal handlers are installed once it listens
     finally:
         final.send_signal(signal.SIGTERM)
-        _, stderr = final.communicate(timeout=60)
-    assert final.returncode == 0, f"seed {seed}: {stderr[-2000:]}"
+        final.wait(timeout=60)
+    assert final.returncode == 0, f"seed {seed}: {final_log.read_text()[-2000:]}"
     assert kills >= 3, f"seed {seed}"
+    for client in clients:
+        assert client.error is None, f"seed {seed}: {client.error}\n{final_log.read_text()[-1500:]}"
     assert sum(c.attempts for c in clients) > 1200, f"seed {seed}: no request was retried"
     want: Counter[str] = Counter()
     for i, client in enumerate(clients):
-        assert client.error is None, f"seed {seed}: {client.error!r}"
         messages = [key for path, key in client.requests if path.startswith("/messages")]
         calls = [key for path, key in client.requests if path.startswith("/call")]
         assert all(client.answers[key] == (202, "accepted") for key in messages), f"seed {seed}"

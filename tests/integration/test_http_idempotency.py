@@ -4,6 +4,7 @@ also across crashes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections import Counter
@@ -56,6 +57,7 @@ def idempotent_job(
         wal_dir=tmp / "wal" if checkpoints else None,
         log_calls=job.settings.reply_release != "on-checkpoint",
         held_replies=job.held_replies,
+        unanswered=job.unanswered_calls.describe,
         **(source_options or {}),
     )
     job.sources = [source]
@@ -127,6 +129,27 @@ async def test_concurrent_repeats_of_a_call_share_one_execution(tmp_path: Path) 
         )
         assert sorted(answers) == [(200, "1", False)] + [(200, "1", True)] * 3
         assert await post(http, f"{url}/call/slow/counter/x", "0") == (200, "2", False)
+    job.stop()
+    await running
+
+
+async def test_a_repeat_that_waits_too_long_hears_where_the_call_is(tmp_path: Path) -> None:
+    job, source = idempotent_job(tmp_path, source_options={"reply_timeout_s": 0.3})
+    running, url = await started(job, source)
+    async with session() as http:
+        first = asyncio.create_task(post(http, f"{url}/call/slow/counter/w", "1.0", key="w-1"))
+        await asyncio.sleep(0.1)
+        status, body, _ = await post(http, f"{url}/call/slow/counter/w", "1.0", key="w-1")
+        assert status == 504
+        assert "'w-1' is still in progress: " in body
+        assert "the function is still running with it" in body
+        assert (await first)[0] == 504  # its own caller stopped waiting too
+        await asyncio.sleep(0.8)  # the function has replied by now: the key holds the reply
+        assert await post(http, f"{url}/call/slow/counter/w", "1.0", key="w-1") == (
+            200,
+            "1",
+            True,
+        )
     job.stop()
     await running
 
@@ -260,6 +283,45 @@ async def test_a_held_reply_survives_a_crash_after_its_checkpoint(tmp_path: Path
         assert await post(http, f"{url}/call/test/counter/c", key="c-4") == (200, "4", True)
         assert await post(http, f"{url}/call/test/counter/c", key="c-2") == (200, "2", True)
         assert await post(http, f"{url}/call/test/counter/c") == (200, "5", False)
+    job.stop()
+    await running
+
+
+async def test_a_reply_released_just_before_the_next_cut_survives_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint releases a call's reply and the next checkpoint, already due, is cut in
+    the same loop step, before the reply's callbacks run; the process dies once that next
+    checkpoint is complete. The retry gets the recorded reply: the restored cut does not hold
+    the call as in progress, waiting for a reply the restored job no longer owes."""
+    job, source = idempotent_job(
+        tmp_path, checkpoints=True, source_options={"reply_timeout_s": 2.0}
+    )
+    released: list[int] = []
+
+    def hook(name: str, checkpoint_id: int) -> None:
+        assert job.checkpoints is not None
+        if name == "committed" and not released:
+            released.append(checkpoint_id)
+            job.checkpoints.request_soon(0)  # due now: cut as soon as this one returns
+        elif name == "completed" and released and checkpoint_id == released[0] + 1:
+            raise SimulatedCrash("crash once the checkpoint after the reply's is complete")
+
+    job.checkpoint_hook = hook
+    running, url = await started(job, source)
+    async with session() as http:
+        with contextlib.suppress(aiohttp.ClientError):
+            await post(http, f"{url}/call/test/counter/d", key="d-1")
+    with pytest.raises(JobFailedError):
+        await running
+    assert released, "no checkpoint released the reply"
+    job, source = idempotent_job(
+        tmp_path, checkpoints=True, source_options={"reply_timeout_s": 2.0}
+    )
+    running, url = await started(job, source)
+    async with session() as http:
+        assert await post(http, f"{url}/call/test/counter/d", key="d-1") == (200, "1", True)
+        assert await post(http, f"{url}/call/test/counter/d") == (200, "2", False)
     job.stop()
     await running
 

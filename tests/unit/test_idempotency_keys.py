@@ -196,3 +196,31 @@ def test_a_logged_message_whose_request_was_cancelled_keeps_its_key() -> None:
         assert again is not None and again.result == ACCEPTED and again.fingerprint == fp
 
     asyncio.run(scenario())
+
+
+def test_a_call_whose_reply_was_released_is_cut_with_its_reply(tmp_path: Path) -> None:
+    """A checkpoint releases its replies and the next one may be cut in the same loop step,
+    before the futures' callbacks run: the cut records the call with its reply, not in
+    progress (a restore would wait for a reply its restored job no longer owes)."""
+
+    async def scenario() -> None:
+        replies: dict[str, asyncio.Future[object]] = {}
+        requests = IdempotentRequests("test/http", 60.0, 10, 1 << 20, tmp_path, replies)
+        value = TypedValue("t/x", b"v")
+        entry = requests.store.begin(
+            "k", fingerprint("call", "a/b", "1", value), "call", requests.now_ms()
+        )
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        requests.calling(entry, "r-1", future)
+        requests.emitted("k", "r-1")
+        future.set_result(TypedValue("t/reply", b"42"))  # released; its callback is pending
+        cut = requests.snapshot()
+        assert cut is not None
+        [(key, _, route, _, request_id, result)] = cut["entries"]
+        assert (key, route, request_id) == ("k", "call", "r-1")
+        assert result == ["t/reply", True, "NDI="]  # base64 of b"42"
+        await asyncio.sleep(0)  # the callback runs now: it records nothing twice
+        assert requests.snapshot() == {"cut": 2, "entries": [cut["entries"][0]]}
+        assert requests.store.reply_bytes == 2
+
+    asyncio.run(scenario())
