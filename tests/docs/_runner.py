@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class DocumentRun:
     _count: int = 0
 
     def run(self) -> None:
+        _blocks_hear_sigint()
         try:
             for block in self.document.blocks:
                 for selector in block.stop_before:
@@ -206,6 +208,16 @@ class DocumentRun:
                 f"{group.label}: the background command ended by itself with exit code "
                 f"{group.process.returncode}\n--- output ---\n{text}"
             )
+
+
+def _blocks_hear_sigint() -> None:
+    """A shell cannot trap a signal that was ignored when it started, and a command started
+    in the background by a non-interactive shell (``make test &`` in a script) ignores SIGINT,
+    as does everything it starts: a background block would not hear its graceful stop. So
+    blocks inherit SIGINT's default instead (a handler set here is reset by ``exec``)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def prepare_clone(repo: Path, target: Path, with_venv: bool = True) -> None:
