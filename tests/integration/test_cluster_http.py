@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,7 @@ def post(url: str, body: str, headers: dict[str, str] | None = None) -> tuple[in
             return response.status, response.read().decode().strip()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode().strip()
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+    except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException) as error:
         return 0, str(error)
 
 
@@ -244,7 +245,7 @@ def keyed_post(url: str, body: str, key: str) -> tuple[int, str, bool]:
             status, text, headers = response.status, response.read(), response.headers
     except urllib.error.HTTPError as error:
         status, text, headers = error.code, error.read(), error.headers
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+    except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException) as error:
         return 0, str(error), False
     return status, text.decode().strip(), headers.get("Idempotent-Replayed") == "true"
 
@@ -322,7 +323,7 @@ def timed_post(url: str, body: str) -> tuple[int, str, str | None, float]:
     except urllib.error.HTTPError as error:
         status, text = error.code, error.read().decode()
         retry = error.headers.get("Retry-After")
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+    except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException) as error:
         status, text, retry = 0, str(error), None
     return status, text.strip(), retry, time.monotonic() - began
 
