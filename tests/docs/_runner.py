@@ -160,9 +160,9 @@ class DocumentRun:
     ) -> None:
         deadline = time.monotonic() + timeout
         while True:
+            code = process.poll()  # before the log: all it wrote is in the log once it ended
             if ready in log.read_text(encoding="utf-8", errors="replace"):
                 return
-            code = process.poll()
             if code is not None:
                 raise self._fail(block, f"ended (exit code {code}) before showing {ready!r}", log)
             if time.monotonic() > deadline:

@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -89,10 +90,22 @@ class RocksCluster(AdminCluster):
         time.sleep(1)  # the last checkpoint's state
         assert state_counts(self.config) == model
         for id_ in map(str, range(ADDRESSES)):
-            owner = self.owner(owned, id_)
-            status, found, _ = self.get(owner, f"/state/cluster/hop/{id_}")
-            assert status == 200, (owner, id_, found)
+            status, found = self.state(self.owner(owned, id_), id_)
+            assert status == 200, (id_, found)
             assert found["values"]["count"]["value"] == model[("cluster/hop", id_)], id_
+
+    def state(self, worker: str, id_: str, seconds: float = 60) -> tuple[int, Any]:
+        """(status, body) of ``cluster/hop/<id_>``'s state on ``worker``'s admin port, asked
+        again while its key groups are being reassigned (503), and of the owner a 421 names."""
+        deadline = time.monotonic() + seconds
+        while True:
+            status, found, _ = self.get(worker, f"/state/cluster/hop/{id_}")
+            if status not in (421, 503) or time.monotonic() > deadline:
+                return status, found
+            if status == 421:
+                worker = found["owner"]
+            else:
+                time.sleep(0.2)
 
     def owner(self, owned: dict[str, set[int]], id_: str) -> str:
         partition = self.config.partition_of(key_group_for("cluster/hop", id_, 128))
@@ -195,7 +208,7 @@ def test_rocksdb_workers_catch_up_from_their_marks_or_restore_fully(
     assert re.search(rf"{old}: it is \d+ s old; compaction may have dropped tombstones", text)
     assert "caught up from their marks" in text  # the other two
     for _, id_ in ghosts:
-        assert cluster.get("w1", f"/state/cluster/hop/{id_}")[0] == 404, id_
+        assert cluster.state("w1", id_)[0] == 404, id_
 
     # a copy of another job: wiped whole
     cluster.kill("w1")
@@ -211,7 +224,7 @@ def test_rocksdb_workers_catch_up_from_their_marks_or_restore_fully(
     log = cluster.log("w1").read_text()
     assert "wiped: it was made for job 'another-job'" in log
     assert not any("caught up" in line for line in cluster.copy_lines("w1"))
-    assert cluster.get("w1", f"/state/cluster/hop/{id_}")[0] == 404
+    assert cluster.state("w1", id_)[0] == 404
 
     # the folder deleted: every partition read whole
     cluster.kill("w1")
