@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # same-named folder is the package itself, so the warning is dropped (only that one).
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-$(STAMP): pyproject.toml setup.py $(wildcard sdk/_proto/*.proto)
+$(STAMP): pyproject.toml setup.py $(wildcard sdk/_proto/*.proto) statefun/_hotloops.c
 	@echo "installing pystatefun into $(VENV) (first use, and when pyproject.toml changes)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip
@@ -46,4 +46,4 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 clean:
-	rm -rf $(VENV) .cache build *.egg-info sdk/_proto/*_pb2.py
+	rm -rf $(VENV) .cache build *.egg-info sdk/_proto/*_pb2.py statefun/*.so

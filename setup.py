@@ -1,14 +1,18 @@
-"""Build hook: generate the protobuf modules from the .proto files in sdk/_proto.
+"""Build hooks: the protobuf modules from the .proto files in sdk/_proto, and the compiled hot
+loops (statefun/_hotloops.c).
 
 The generated ``*_pb2.py`` files are build products, never committed. They are written
 next to their .proto files so that both a wheel and an editable install see them.
+
+The hot loops are optional: without a C compiler (or Python's headers) the build says so and
+goes on, and the runtime runs the same loops as Python (statefun/_compiled.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PROTO_DIR = Path(__file__).parent / "sdk" / "_proto"
@@ -38,4 +42,11 @@ class BuildPyWithProtos(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithProtos})
+HOT_LOOPS = Extension(
+    "statefun._hotloops",
+    sources=["statefun/_hotloops.c"],
+    optional=True,  # a failed compile is a warning; the Python loops stand in
+    extra_compile_args=["-O2"],
+)
+
+setup(cmdclass={"build_py": BuildPyWithProtos}, ext_modules=[HOT_LOOPS])

@@ -82,6 +82,7 @@ from typing import Any, Literal, TypeVar
 
 from google.protobuf.message import DecodeError
 
+from statefun._compiled import hot_loops
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import DEAD_LETTER_TOPIC, import_kafka, kafka_client_config
 from statefun._kafka._dead_letters import headers
@@ -110,6 +111,10 @@ DEFAULT_LINGER_MS = 20
 DEFAULT_BATCH_BYTES = 256 * 1024
 _parse_record = egress_pb2.KafkaProducerRecord.FromString
 _parse_run = egress_pb2.KafkaProducerRecordRun.FromString
+#: KafkaSink.write_many's usual case, compiled (statefun/_hotloops.c), when built
+_kafka_rows: Callable[[list[Any], str], list[Row] | None] | None = (
+    None if hot_loops is None else hot_loops.kafka_rows
+)
 #: The exactly-once checkpoint state's ``format``: 2, one transactional id per slot.
 _STATE_FORMAT = 2
 
@@ -246,7 +251,14 @@ class KafkaSink(Sink):
         The usual case, every value a KafkaProducerRecord, is parsed in one step: the values
         joined as the repeated field of a ``KafkaProducerRecordRun`` (each behind its tag and
         length; a record parses the same inside it as alone), about half the CPU of a parse per
-        record. Anything else, or a run that does not parse, goes record by record."""
+        record. Anything else, or a run that does not parse, goes record by record. When
+        built, the same loop compiled (``statefun/_hotloops.c``: ``kafka_rows``) reads the
+        usual case first and leaves everything else to the code here."""
+        if _kafka_rows is not None:
+            rows = _kafka_rows(values, KAFKA_PRODUCER_RECORD)
+            if rows is not None:
+                self._buffer.extend(rows)
+                return
         parts: list[Any] = []
         extend = parts.extend
         one_byte = ONE_BYTE

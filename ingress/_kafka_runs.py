@@ -5,6 +5,7 @@ one target. :func:`messages` reads a run where its records are (kafka-python's
 ``ConsumerRecord``s, librdkafka's messages: each client gives its ``Fields``, how to read one),
 in one loop, into (function id, typed value), stopping at the first record of another
 partition or that cannot become a message (the ingress then says why, from that record).
+The same loop compiled (``statefun/_hotloops.c``: ``kafka_run``) stands in for it when built.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from statefun._compiled import hot_loops
 from statefun.sdk._types import TypedValue
 
-__all__ = ["Fields", "messages"]
+__all__ = ["Fields", "messages", "python_messages"]
 
 _new_object = object.__new__
+
+#: what a record's key decoding or its validation may raise: the run ends before that record
+_NOT_A_MESSAGE = (UnicodeDecodeError, DecodeError, ValueError, TypeError)
 
 
 class Fields(NamedTuple):
@@ -31,7 +36,7 @@ class Fields(NamedTuple):
     topic: Callable[[Any], Any]  # str
 
 
-def messages(
+def python_messages(
     batch: list[Any],
     start: int,
     fields: Fields,
@@ -62,7 +67,7 @@ def messages(
                 last_key = key
             if validate is not None:
                 validate(value)
-        except (UnicodeDecodeError, DecodeError, ValueError, TypeError):
+        except _NOT_A_MESSAGE:
             break
         typed = new_object(TypedValue)  # TypedValue(value_type, value) without its __init__
         typed.typename = value_type
@@ -70,3 +75,34 @@ def messages(
         typed.value = value
         append((id_, typed))
     return run
+
+
+if hot_loops is not None:
+    _kafka_run: Callable[..., list[tuple[str, TypedValue]]] = hot_loops.kafka_run
+
+
+def _compiled_messages(
+    batch: list[Any],
+    start: int,
+    fields: Fields,
+    value_type: str,
+    validate: Callable[[bytes], Any] | None,
+) -> list[tuple[str, TypedValue]]:
+    """``python_messages``, compiled (the same results)."""
+    key_of, value_of, partition_of, topic_of = fields
+    return _kafka_run(
+        batch,
+        start,
+        key_of,
+        value_of,
+        partition_of,
+        topic_of,
+        value_type,
+        validate,
+        TypedValue,
+        _NOT_A_MESSAGE,
+    )
+
+
+#: the run reader the ingress calls
+messages = python_messages if hot_loops is None else _compiled_messages

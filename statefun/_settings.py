@@ -36,6 +36,7 @@ NON_SETTING_ENVIRONMENT = frozenset(
         "PYSTATEFUN_KAFKA_POM",  # statefun._testing.kafka_broker: the pom listing those jars
         "PYSTATEFUN_KAFKA_BOOTSTRAP",  # tests/kafka_fixture.py: use this broker instead
         "PYSTATEFUN_CRASH_SEED",  # tests/e2e: replay one crash-test run
+        "PYSTATEFUN_NO_EXTENSIONS",  # statefun._compiled: the hot loops as Python, not compiled
     }
 )
 

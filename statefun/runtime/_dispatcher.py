@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from statefun._compiled import hot_loops
 from statefun._exceptions import (
     FunctionInvocationError,
     InvalidValueError,
@@ -67,7 +68,7 @@ from statefun.runtime._functions import (
 from statefun.runtime._remote import (
     decode_from_function,
     encode_to_function,
-    ingress_encoder,
+    ingress_encoding,
     invocation,
 )
 from statefun.runtime._stats import FunctionStats
@@ -94,6 +95,11 @@ __all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue"]
 log = logging.getLogger(__name__)
 
 _new_object = object.__new__
+
+#: Dispatcher.offer_run's loop, compiled (statefun/_hotloops.c), when built
+_mailbox_run: Callable[..., tuple[int, int]] | None = (
+    None if hot_loops is None else hot_loops.mailbox_run
+)
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 #: the addresses recorded without a timeline: none
@@ -238,10 +244,19 @@ class Dispatcher(InboxSlices):
             return start
         typename, id_ = key
         append = mailbox.append
-        new_object = _new_object
-        encode = ingress_encoder(messages[start][1].typename)  # (a run's: the ingress's type)
+        encoding = ingress_encoding(messages[start][1].typename)  # (a run's: the ingress's type)
         size = len(mailbox)
         index = start
+        if _mailbox_run is not None and type(messages) is list:
+            # the loop below, compiled (the same results); it leaves any message that is not
+            # an (id, value) tuple to the loop below
+            index, size = _mailbox_run(
+                append, messages, start, stop, id_, typename, Envelope, encoding, size, limit
+            )
+            if index > start and size > limit:  # (it stopped at the limit)
+                stop = index
+        encode = encoding.encode
+        new_object = _new_object
         while index < stop:
             message = messages[index]
             if message[0] != id_:
@@ -258,8 +273,9 @@ class Dispatcher(InboxSlices):
             append(envelope)
             size += 1
             if size > limit:
-                self.job.note_mailbox(key, size)
                 break
+        if index > start and size > limit:
+            self.job.note_mailbox(key, size)
         if size > self.mailbox_max.get(typename, 0):
             self.mailbox_max[typename] = size
         return index

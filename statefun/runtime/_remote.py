@@ -60,10 +60,12 @@ from statefun.sdk._wire import (
 )
 
 __all__ = [
+    "IngressEncoding",
     "RemoteClient",
     "decode_from_function",
     "encode_to_function",
     "ingress_encoder",
+    "ingress_encoding",
     "ingress_invocation",
     "invocation",
 ]
@@ -127,25 +129,35 @@ def ingress_invocation(typed: Any) -> bytes:
     return message_field(b"\x1a", message_field(b"\x12", encoded))
 
 
-#: typename -> its ingress_encoder; bounded, as a value's type may come from outside (the HTTP
-#: ingress's requests): past the bound an encoder is made per run, not kept
-_encoders: dict[str, Callable[[Any], bytes]] = {}
+class IngressEncoding(NamedTuple):
+    """How a run of one value type is encoded (``ingress_encoder``), as tables for a compiled
+    loop (``statefun/_hotloops.c``: ``mailbox_run``) to read."""
+
+    typename: str  # the values' type
+    #: by the value's length (1 to ``limit`` - 1): the Invocation's tag and length, the
+    #: argument's, the TypedValue's head and the value's tag and length
+    prefixes: list[bytes]
+    limit: int
+    encode: Callable[[Any], bytes]  # any value: its Invocation (the Python of the tables)
 
 
-def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
+#: typename -> its IngressEncoding; bounded, as a value's type may come from outside (the HTTP
+#: ingress's requests): past the bound an encoding is made per run, not kept
+_encodings: dict[str, IngressEncoding] = {}
+
+
+def ingress_encoding(typename: str) -> IngressEncoding:
     """``ingress_invocation`` for a run of values of ``typename`` (an ingress's records, encoded
     ahead in a busy address's mailbox: ``Dispatcher.offer_run``): everything before a value's
     bytes is made once per value length, and each value's Invocation is one concatenation.
     Any other value (another type, none, a long one) goes through ``ingress_invocation``; the
     bytes are the same either way."""
-    known = _encoders.get(typename)
+    known = _encodings.get(typename)
     if known is not None:
         return known
     head = encode_typed_value(typename, False, b"") + b"\x10\x01"  # typename, has_value
     size = len(head) + 2  # the TypedValue without its value's bytes
     limit = max(126 - size, 0)  # below it, both enclosing lengths take one byte
-    #: by the value's length: the Invocation's tag and length, the argument's, the TypedValue's
-    #: head and the value's tag and length
     prefixes = [b"\x1a%c\x12%c%s\x1a%c" % (size + n + 2, size + n, head, n) for n in range(limit)]
 
     def encode(typed: Any) -> bytes:
@@ -156,9 +168,15 @@ def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
                 return prefixes[n] + value
         return ingress_invocation(typed)
 
-    if len(_encoders) < 1_000:
-        _encoders[typename] = encode
-    return encode
+    encoding = IngressEncoding(typename, prefixes, limit, encode)
+    if len(_encodings) < 1_000:
+        _encodings[typename] = encoding
+    return encoding
+
+
+def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
+    """The Invocation of a value in a run of ``typename`` (``ingress_encoding``'s ``encode``)."""
+    return ingress_encoding(typename).encode
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

@@ -12,6 +12,7 @@ they use the README's fixed ports (8000, 8090, 8091, 9092).
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,20 @@ def test_document_runs_as_written(path: Path, installed: Installed, tmp_path: Pa
             shutil.copy2(source, workdir / name)
     display = str(path.relative_to(REPO))
     DocumentRun(document, workdir, scratch, installed.env(), display).run()
+
+
+@pytest.mark.docs
+def test_the_wheel_carries_the_compiled_hot_loops(installed: Installed) -> None:
+    """A wheel built where a C compiler is (as this one) has the compiled hot loops, and the
+    installed runtime uses them."""
+    code = "from statefun._compiled import hot_loops; print(hot_loops is not None)"
+    python = installed.venv / "bin" / "python"
+    result = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        env=installed.env(),
+        cwd=installed.venv,
+        check=True,
+    )
+    assert result.stdout.strip() == "True", result.stderr

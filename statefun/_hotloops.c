@@ -1,0 +1,562 @@
+/*
+ * The runtime's per-record loops on a remote function's hot path, compiled.
+ *
+ * Each function here does exactly what one pure-Python loop does (named beside it) and is
+ * chosen in its place when this extension was built (statefun/_compiled.py). The contract
+ * tests (tests/unit/test_hot_loops.py) run every case, and random inputs, through both and
+ * compare. Where the Python loop would take an unusual turn (a value of another kind, bytes
+ * that do not parse as expected), a function here returns None or stops early and lets the
+ * Python code decide, so that the two never disagree on what is an error.
+ *
+ *   kafka_run    a run of Kafka records into (id, TypedValue) pairs
+ *                (ingress/_kafka_runs.py: messages)
+ *   mailbox_run  a run of (id, value) pairs into a busy address's mailbox as Envelopes,
+ *                each Invocation encoded ahead (runtime/_dispatcher.py: Dispatcher.offer_run)
+ *   kafka_rows   a reply's KafkaProducerRecords into the producer's rows
+ *                (egress/kafka.py: KafkaSink.write_many)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *s_typename, *s_has_value, *s_value, *s_id, *s_caller, *s_wire, *s_decode,
+    *s_utf8, *s_empty;
+
+static PyObject *
+call1(PyObject *fn, PyObject *arg)
+{
+    return PyObject_Vectorcall(fn, &arg, 1, NULL);
+}
+
+/* A new instance of ``cls`` without its __init__ (as object.__new__(cls)). */
+static PyObject *
+new_bare(PyTypeObject *cls)
+{
+    return cls->tp_alloc(cls, 0);
+}
+
+/* ---- kafka_run ------------------------------------------------------------------------- */
+
+/* Is the error set one of ``caught`` (then cleared: 1), another (kept: -1)? */
+static int
+take_caught(PyObject *caught)
+{
+    if (PyErr_ExceptionMatches(caught)) {
+        PyErr_Clear();
+        return 1;
+    }
+    return -1;
+}
+
+/* Compare field(record) with ``expected`` (!=): 1 differs, 0 same, -1 error. */
+static int
+field_differs(PyObject *field, PyObject *record, PyObject *expected)
+{
+    PyObject *got = call1(field, record);
+    if (got == NULL) {
+        return -1;
+    }
+    int differs = PyObject_RichCompareBool(got, expected, Py_NE);
+    Py_DECREF(got);
+    return differs;
+}
+
+PyDoc_STRVAR(kafka_run_doc,
+             "kafka_run(batch, start, key_of, value_of, partition_of, topic_of, value_type, "
+             "validate, typed_cls, caught) -> list\n\n"
+             "ingress/_kafka_runs.py's messages(), compiled: (id, typed value) for each record "
+             "of the list ``batch`` from ``start`` on, up to the first of another topic or "
+             "partition, without a key or a value, or whose key decoding or ``validate`` "
+             "raises one of ``caught``.");
+
+static PyObject *
+kafka_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "kafka_run() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *batch = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    PyObject *key_of = args[2], *value_of = args[3], *partition_of = args[4];
+    PyObject *topic_of = args[5], *value_type = args[6], *validate = args[7];
+    PyObject *typed_cls = args[8], *caught = args[9];
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyList_Check(batch) || !PyType_Check(typed_cls)) {
+        PyErr_SetString(PyExc_TypeError, "kafka_run() needs a list and a class");
+        return NULL;
+    }
+    if (start < 0 || start >= PyList_GET_SIZE(batch)) {
+        PyErr_SetString(PyExc_IndexError, "kafka_run(): start is out of the batch");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)typed_cls;
+    PyObject *run = PyList_New(0);
+    PyObject *first = PyList_GET_ITEM(batch, start);
+    Py_INCREF(first);
+    PyObject *topic = call1(topic_of, first);
+    PyObject *partition = topic == NULL ? NULL : call1(partition_of, first);
+    Py_DECREF(first);
+    PyObject *last_key = Py_NewRef(Py_None);
+    PyObject *id = Py_NewRef(s_empty);
+    PyObject *record = NULL, *key = NULL, *value = NULL;
+    if (run == NULL || partition == NULL) {
+        goto error;
+    }
+    for (Py_ssize_t index = start; index < PyList_GET_SIZE(batch); index++) {
+        record = Py_NewRef(PyList_GET_ITEM(batch, index));
+        key = call1(key_of, record);
+        if (key == NULL) {
+            goto error;
+        }
+        value = call1(value_of, record);
+        if (value == NULL) {
+            goto error;
+        }
+        if (key == Py_None || value == Py_None) {
+            break;
+        }
+        int differs = field_differs(partition_of, record, partition);
+        if (differs < 0) {
+            goto error;
+        }
+        if (differs) {
+            break;
+        }
+        differs = field_differs(topic_of, record, topic);
+        if (differs < 0) {
+            goto error;
+        }
+        if (differs) {
+            break;
+        }
+        differs = PyObject_RichCompareBool(key, last_key, Py_NE);
+        if (differs < 0) {
+            goto error;
+        }
+        if (differs) {
+            PyObject *decoded;
+            if (PyBytes_CheckExact(key)) {
+                decoded = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                                               NULL);
+            }
+            else {
+                decoded = PyObject_CallMethodOneArg(key, s_decode, s_utf8);
+            }
+            if (decoded == NULL) {
+                if (take_caught(caught) < 0) {
+                    goto error;
+                }
+                break;
+            }
+            Py_SETREF(id, decoded);
+            Py_SETREF(last_key, Py_NewRef(key));
+        }
+        if (validate != Py_None) {
+            PyObject *checked = call1(validate, value);
+            if (checked == NULL) {
+                if (take_caught(caught) < 0) {
+                    goto error;
+                }
+                break;
+            }
+            Py_DECREF(checked);
+        }
+        PyObject *typed = new_bare(cls);
+        if (typed == NULL) {
+            goto error;
+        }
+        if (PyObject_SetAttr(typed, s_typename, value_type) < 0 ||
+            PyObject_SetAttr(typed, s_has_value, Py_True) < 0 ||
+            PyObject_SetAttr(typed, s_value, value) < 0) {
+            Py_DECREF(typed);
+            goto error;
+        }
+        PyObject *pair = PyTuple_Pack(2, id, typed);
+        Py_DECREF(typed);
+        if (pair == NULL) {
+            goto error;
+        }
+        int failed = PyList_Append(run, pair);
+        Py_DECREF(pair);
+        if (failed) {
+            goto error;
+        }
+        Py_CLEAR(record);
+        Py_CLEAR(key);
+        Py_CLEAR(value);
+    }
+    Py_XDECREF(record);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_DECREF(topic);
+    Py_DECREF(partition);
+    Py_DECREF(last_key);
+    Py_DECREF(id);
+    return run;
+error:
+    Py_XDECREF(record);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(topic);
+    Py_XDECREF(partition);
+    Py_DECREF(last_key);
+    Py_DECREF(id);
+    Py_XDECREF(run);
+    return NULL;
+}
+
+/* ---- mailbox_run ----------------------------------------------------------------------- */
+
+/* The Invocation of ``typed`` as runtime/_remote.py's ingress_encoder() makes it: its
+ * prefix by the value's length and the value's bytes, or (any other value) the fallback's. */
+static PyObject *
+encode_invocation(PyObject *typed, PyObject *value_type, PyObject *prefixes,
+                  Py_ssize_t limit, PyObject *fallback)
+{
+    PyObject *typename = PyObject_GetAttr(typed, s_typename);
+    if (typename == NULL) {
+        return NULL;
+    }
+    int same = PyObject_RichCompareBool(typename, value_type, Py_EQ);
+    Py_DECREF(typename);
+    if (same < 0) {
+        return NULL;
+    }
+    if (same) {
+        PyObject *has_value = PyObject_GetAttr(typed, s_has_value);
+        if (has_value == NULL) {
+            return NULL;
+        }
+        int has = PyObject_IsTrue(has_value);
+        Py_DECREF(has_value);
+        if (has < 0) {
+            return NULL;
+        }
+        if (has) {
+            PyObject *value = PyObject_GetAttr(typed, s_value);
+            if (value == NULL) {
+                return NULL;
+            }
+            if (PyBytes_CheckExact(value)) {
+                Py_ssize_t n = PyBytes_GET_SIZE(value);
+                if (n > 0 && n < limit && n < PyList_GET_SIZE(prefixes)) {
+                    PyObject *prefix = PyList_GET_ITEM(prefixes, n);
+                    if (PyBytes_CheckExact(prefix)) {
+                        Py_ssize_t head = PyBytes_GET_SIZE(prefix);
+                        PyObject *wire = PyBytes_FromStringAndSize(NULL, head + n);
+                        if (wire != NULL) {
+                            char *out = PyBytes_AS_STRING(wire);
+                            memcpy(out, PyBytes_AS_STRING(prefix), head);
+                            memcpy(out + head, PyBytes_AS_STRING(value), n);
+                        }
+                        Py_DECREF(value);
+                        return wire;
+                    }
+                }
+            }
+            Py_DECREF(value);
+        }
+    }
+    return call1(fallback, typed);
+}
+
+PyDoc_STRVAR(mailbox_run_doc,
+             "mailbox_run(append, messages, start, stop, id, typename, envelope_cls, encoding, "
+             "size, limit) -> (index, size)\n\n"
+             "Dispatcher.offer_run's loop, compiled: appends an Envelope (no caller, its "
+             "Invocation encoded by ``encoding``: (value type, prefixes, limit, fallback)) for "
+             "each pair of ``messages[start:stop]`` while its id is ``id``, stopping after "
+             "the one that takes ``size`` (the mailbox's length) past ``limit``.");
+
+static PyObject *
+mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "mailbox_run() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *append = args[0], *messages = args[1], *id = args[4], *typename = args[5];
+    PyObject *envelope_cls = args[6], *encoding = args[7];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t stop = PyLong_AsSsize_t(args[3]);
+    if (stop == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[8]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[9]);
+    if (limit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyList_Check(messages) || !PyType_Check(envelope_cls) || !PyTuple_Check(encoding) ||
+        PyTuple_GET_SIZE(encoding) != 4 || !PyList_Check(PyTuple_GET_ITEM(encoding, 1))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "mailbox_run() needs a list, a class and an encoding of four");
+        return NULL;
+    }
+    PyObject *value_type = PyTuple_GET_ITEM(encoding, 0);
+    PyObject *prefixes = PyTuple_GET_ITEM(encoding, 1);
+    Py_ssize_t prefix_limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(encoding, 2));
+    if (prefix_limit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *fallback = PyTuple_GET_ITEM(encoding, 3);
+    PyTypeObject *cls = (PyTypeObject *)envelope_cls;
+    Py_ssize_t index = start;
+    while (index < stop && index < PyList_GET_SIZE(messages)) {
+        PyObject *message = PyList_GET_ITEM(messages, index);
+        if (!PyTuple_CheckExact(message) || PyTuple_GET_SIZE(message) != 2) {
+            break; /* (not an (id, value) tuple: the Python loop takes it from here) */
+        }
+        Py_INCREF(message);
+        int differs = PyObject_RichCompareBool(PyTuple_GET_ITEM(message, 0), id, Py_NE);
+        if (differs != 0) {
+            Py_DECREF(message);
+            if (differs < 0) {
+                return NULL;
+            }
+            break;
+        }
+        index++;
+        PyObject *value = PyTuple_GET_ITEM(message, 1);
+        PyObject *envelope = new_bare(cls);
+        PyObject *wire = envelope == NULL ? NULL
+                                          : encode_invocation(value, value_type, prefixes,
+                                                              prefix_limit, fallback);
+        if (wire == NULL || PyObject_SetAttr(envelope, s_typename, typename) < 0 ||
+            PyObject_SetAttr(envelope, s_id, id) < 0 ||
+            PyObject_SetAttr(envelope, s_value, value) < 0 ||
+            PyObject_SetAttr(envelope, s_caller, Py_None) < 0 ||
+            PyObject_SetAttr(envelope, s_wire, wire) < 0) {
+            Py_XDECREF(wire);
+            Py_XDECREF(envelope);
+            Py_DECREF(message);
+            return NULL;
+        }
+        Py_DECREF(wire);
+        Py_DECREF(message);
+        PyObject *appended = call1(append, envelope);
+        Py_DECREF(envelope);
+        if (appended == NULL) {
+            return NULL;
+        }
+        Py_DECREF(appended);
+        size++;
+        if (size > limit) {
+            break;
+        }
+    }
+    return Py_BuildValue("(nn)", index, size);
+}
+
+/* ---- kafka_rows ------------------------------------------------------------------------ */
+
+/* A varint at data[*pos] below end: 0 on success, -1 if cut off or longer than 64 bits. */
+static int
+read_varint(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, unsigned long long *out)
+{
+    unsigned long long result = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= end) {
+            return -1;
+        }
+        unsigned char byte = data[(*pos)++];
+        result |= (unsigned long long)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) {
+            *out = result;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A KafkaProducerRecord's three fields (key 1, value_bytes 2, topic 3; each string or bytes,
+ * the last of each counts). 0: parsed; -1: anything else (another field or wire type, bytes
+ * cut off), which the Python code then reads and judges. */
+static int
+parse_producer_record(const unsigned char *data, Py_ssize_t size, Py_ssize_t starts[4],
+                      Py_ssize_t lengths[4])
+{
+    Py_ssize_t pos = 0;
+    for (int field = 1; field <= 3; field++) {
+        starts[field] = 0;
+        lengths[field] = 0;
+    }
+    while (pos < size) {
+        unsigned long long tag, length;
+        if (read_varint(data, size, &pos, &tag) < 0) {
+            return -1;
+        }
+        unsigned long long field = tag >> 3;
+        if ((tag & 7) != 2 || field < 1 || field > 3) {
+            return -1;
+        }
+        if (read_varint(data, size, &pos, &length) < 0 ||
+            length > (unsigned long long)(size - pos)) {
+            return -1;
+        }
+        starts[field] = pos;
+        lengths[field] = (Py_ssize_t)length;
+        pos += (Py_ssize_t)length;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(kafka_rows_doc,
+             "kafka_rows(values, typename) -> list | None\n\n"
+             "KafkaSink.write_many's usual case, compiled: (topic, key or None, value, None) "
+             "for each typed value of the list ``values``, each a KafkaProducerRecord of type "
+             "``typename`` with a topic; None when any is not (the Python code then decides).");
+
+static PyObject *
+kafka_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "kafka_rows() takes 2 arguments");
+        return NULL;
+    }
+    PyObject *values = args[0], *expected = args[1];
+    if (!PyList_Check(values)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL) {
+        return NULL;
+    }
+    /* consecutive records mostly share their topic: its str is made once for them */
+    PyObject *topic = NULL, *topic_bytes = NULL;
+    Py_ssize_t topic_start = 0, topic_length = 0;
+    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(values); index++) {
+        PyObject *typed = Py_NewRef(PyList_GET_ITEM(values, index));
+        PyObject *typename = PyObject_GetAttr(typed, s_typename);
+        int same = typename == NULL ? -1 : PyObject_RichCompareBool(typename, expected, Py_EQ);
+        Py_XDECREF(typename);
+        PyObject *value = same > 0 ? PyObject_GetAttr(typed, s_value) : NULL;
+        Py_DECREF(typed);
+        if (same < 0 || (same > 0 && value == NULL)) {
+            goto error;
+        }
+        if (!same || !PyBytes_CheckExact(value)) {
+            Py_XDECREF(value);
+            goto other;
+        }
+        Py_ssize_t starts[4], lengths[4];
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(value);
+        if (parse_producer_record(data, PyBytes_GET_SIZE(value), starts, lengths) < 0 ||
+            lengths[3] == 0) {
+            Py_DECREF(value);
+            goto other;
+        }
+        const char *text = (const char *)data;
+        if (topic == NULL || topic_length != lengths[3] ||
+            memcmp(PyBytes_AS_STRING(topic_bytes) + topic_start, text + starts[3],
+                   lengths[3]) != 0) {
+            PyObject *decoded = PyUnicode_DecodeUTF8(text + starts[3], lengths[3], NULL);
+            if (decoded == NULL) {
+                Py_DECREF(value);
+                PyErr_Clear();
+                goto other;
+            }
+            Py_XSETREF(topic, decoded);
+            Py_XSETREF(topic_bytes, Py_NewRef(value));
+            topic_start = starts[3];
+            topic_length = lengths[3];
+        }
+        PyObject *key;
+        if (lengths[1] == 0) {
+            key = Py_NewRef(Py_None);
+        }
+        else {
+            key = PyUnicode_DecodeUTF8(text + starts[1], lengths[1], NULL);
+            if (key == NULL) {
+                Py_DECREF(value);
+                PyErr_Clear();
+                goto other;
+            }
+        }
+        PyObject *payload = PyBytes_FromStringAndSize(text + starts[2], lengths[2]);
+        Py_DECREF(value);
+        if (payload == NULL) {
+            Py_DECREF(key);
+            goto error;
+        }
+        PyObject *row = PyTuple_New(4);
+        if (row == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(payload);
+            goto error;
+        }
+        PyTuple_SET_ITEM(row, 0, Py_NewRef(topic));
+        PyTuple_SET_ITEM(row, 1, key);
+        PyTuple_SET_ITEM(row, 2, payload);
+        PyTuple_SET_ITEM(row, 3, Py_NewRef(Py_None));
+        int failed = PyList_Append(rows, row);
+        Py_DECREF(row);
+        if (failed) {
+            goto error;
+        }
+    }
+    Py_XDECREF(topic);
+    Py_XDECREF(topic_bytes);
+    return rows;
+other:
+    Py_XDECREF(topic);
+    Py_XDECREF(topic_bytes);
+    Py_DECREF(rows);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(topic);
+    Py_XDECREF(topic_bytes);
+    Py_DECREF(rows);
+    return NULL;
+}
+
+/* ---- the module ------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"kafka_run", (PyCFunction)(void (*)(void))kafka_run, METH_FASTCALL, kafka_run_doc},
+    {"mailbox_run", (PyCFunction)(void (*)(void))mailbox_run, METH_FASTCALL, mailbox_run_doc},
+    {"kafka_rows", (PyCFunction)(void (*)(void))kafka_rows, METH_FASTCALL, kafka_rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef hotloops_module = {
+    PyModuleDef_HEAD_INIT,
+    "statefun._hotloops",
+    "The runtime's per-record loops on a remote function's hot path, compiled "
+    "(statefun/_compiled.py chooses them).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+static int
+intern(PyObject **slot, const char *text)
+{
+    *slot = PyUnicode_InternFromString(text);
+    return *slot == NULL ? -1 : 0;
+}
+
+PyMODINIT_FUNC
+PyInit__hotloops(void)
+{
+    if (intern(&s_typename, "typename") < 0 || intern(&s_has_value, "has_value") < 0 ||
+        intern(&s_value, "value") < 0 || intern(&s_id, "id") < 0 ||
+        intern(&s_caller, "caller") < 0 || intern(&s_wire, "wire") < 0 ||
+        intern(&s_decode, "decode") < 0 || intern(&s_utf8, "utf-8") < 0 ||
+        intern(&s_empty, "") < 0) {
+        return NULL;
+    }
+    return PyModule_Create(&hotloops_module);
+}
