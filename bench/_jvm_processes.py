@@ -166,13 +166,15 @@ def start_pystatefun(
     *,
     settings: Mapping[str, object] | None = None,
     timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[Proc, int]:
-    """``statefun run MODULE`` with an admin port; returns once ``/status`` answers."""
+    """``statefun run MODULE`` with an admin port (and ``env`` added to the environment);
+    returns once ``/status`` answers."""
     admin_port = free_port()
     sets: list[str] = []
     for key, value in {**(settings or {}), "admin_port": admin_port}.items():
         sets += ["--set", f"{key}={value}"]
-    proc = Proc.start("statefun run", [*STATEFUN, "run", str(module), *sets], log)
+    proc = Proc.start("statefun run", [*STATEFUN, "run", str(module), *sets], log, env=env)
     wait_until(proc, lambda: bool(pystatefun_status(admin_port) is not None), timeout, "ready")
     return proc, admin_port
 

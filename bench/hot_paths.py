@@ -55,6 +55,7 @@ from statefun.module._specs import (  # noqa: E402
     ModuleSpec,
 )
 from statefun.runtime import Job  # noqa: E402
+from statefun.runtime._dispatcher import _egress_groups  # noqa: E402
 from statefun.runtime._envelope import Envelope  # noqa: E402
 from statefun.runtime._functions import RemoteFunction, StateSpec  # noqa: E402
 from statefun.runtime._remote import decode_from_function, encode_to_function  # noqa: E402
@@ -129,7 +130,10 @@ def time_reply(rounds: int) -> dict[str, float]:
         t0 = time.perf_counter()
         response = decode_from_function(reply, FUNCTION)
         t1 = time.perf_counter()
-        outputs = dispatcher._apply_remote(function, key, 0, {}, response.invocation_result, 0)
+        egress = None if _egress_groups is None else _egress_groups(reply, TypedValue)
+        outputs = dispatcher._apply_remote(
+            function, key, 0, {}, response.invocation_result, 0, egress
+        )
         t2 = time.perf_counter()
         outputs()
         t3 = time.perf_counter()

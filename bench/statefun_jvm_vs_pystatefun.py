@@ -62,10 +62,14 @@ per record in a phase measures how fast the machine ran in those seconds.
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --smoke     # does it run? (1-2 minutes)
 
 What the metrics cost: ``--runtimes pystatefun,pystatefun-no-metrics`` runs pystatefun as by
-default and with ``metrics=false``, turn about, and prints each phase's figures on against off:
+default and with ``metrics=false``, turn about, and prints each phase's figures on against off.
+What the compiled hot loops give: ``pystatefun-python-loops`` runs them as Python instead
+(``PYSTATEFUN_NO_EXTENSIONS=1``), the same way:
 
     .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --quick --repeat 6 \
         --runtimes pystatefun,pystatefun-no-metrics
+    .venv/bin/python bench/statefun_jvm_vs_pystatefun.py --phases backlog --repeat 3 \
+        --semantics at-least-once --runtimes pystatefun,pystatefun-python-loops
 
 A run exits non-zero if a phase failed; a smoke run also if a phase's outputs are not exactly
 its records (hot key: counts consecutive), or a runtime reported dead letters or job failures.
@@ -124,7 +128,15 @@ RUNTIMES = ("pystatefun", "statefun-jvm")
 # Not run by default; ``--runtimes pystatefun,pystatefun-no-metrics`` prints what the metrics
 # cost, run against run.
 NO_METRICS = "pystatefun-no-metrics"
-KNOWN_RUNTIMES = (*RUNTIMES, NO_METRICS)
+# pystatefun with its hot loops as Python (``PYSTATEFUN_NO_EXTENSIONS=1``), not compiled;
+# ``--runtimes pystatefun,pystatefun-python-loops`` prints what the compiled loops give.
+PYTHON_LOOPS = "pystatefun-python-loops"
+#: each variant of pystatefun: what it changes, how its figures are named against the default's
+VARIANTS = {
+    NO_METRICS: ("metrics on against off", "on", "off"),
+    PYTHON_LOOPS: ("compiled hot loops against Python ones", "compiled", "Python"),
+}
+KNOWN_RUNTIMES = (*RUNTIMES, *VARIANTS)
 SEMANTICS = ("exactly-once", "at-least-once")
 
 
@@ -285,7 +297,10 @@ def run_one(
         settings: dict[str, object] = {"checkpoint_dir": folder / "checkpoints"}
         if runtime == NO_METRICS:
             settings["metrics"] = "false"
-        proc, admin_port = start_pystatefun(module, folder / "runtime.log", settings=settings)
+        env = {"PYSTATEFUN_NO_EXTENSIONS": "1"} if runtime == PYTHON_LOOPS else None
+        proc, admin_port = start_pystatefun(
+            module, folder / "runtime.log", settings=settings, env=env
+        )
 
         def checkpoints() -> int:
             return pystatefun_checkpoints(admin_port)
@@ -591,15 +606,16 @@ def hot_backlog_by_repeat(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def metrics_cost(runs: list[Run]) -> str:
-    """pystatefun with metrics (the default) against ``metrics=false``, pair by pair: the runs of
-    one repeat and semantic, one after the other. Records per runtime CPU-second is the figure
-    to judge by: records/s also moves with the producer and the function server, which share
-    the machine's cores."""
+def variant_cost(runs: list[Run], variant: str) -> str:
+    """pystatefun as by default against one of its ``VARIANTS``, pair by pair: the runs of one
+    repeat and semantic, one after the other. Records per runtime CPU-second is the figure to
+    judge by: records/s also moves with the producer and the function server, which share the
+    machine's cores."""
+    title, default_name, variant_name = VARIANTS[variant]
     pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    on_runs = [r for r in runs if r.runtime == "pystatefun"]
-    off_runs = [r for r in runs if r.runtime == NO_METRICS]
-    for on, off in zip(on_runs, off_runs, strict=False):
+    default_runs = [r for r in runs if r.runtime == "pystatefun"]
+    variant_runs = [r for r in runs if r.runtime == variant]
+    for on, off in zip(default_runs, variant_runs, strict=False):
         for a, b in zip(on.phases, off.phases, strict=True):
             if a.name == "warm-up" or a.rate is not None or a.failed or b.failed:
                 continue
@@ -611,7 +627,7 @@ def metrics_cost(runs: list[Run]) -> str:
     if not pairs:
         return ""
     lines = [
-        "metrics on against off (on / off - 1; median of the pairs, min to max):",
+        f"{title} ({default_name} / {variant_name} - 1; median of the pairs, min to max):",
         "",
         "| semantic | phase | pairs | records per runtime CPU-second | records/s |",
         "|---|---|---:|---:|---:|",
@@ -776,10 +792,11 @@ def main() -> int:
     if alone:
         print(ceiling(merged, alone))
         print()
-    cost = metrics_cost(runs)
-    if cost:
-        print(cost)
-        print()
+    for variant in VARIANTS:
+        cost = variant_cost(runs, variant)
+        if cost:
+            print(cost)
+            print()
     print(
         f"load average (1 min) at the start {load_before[0]:.2f}, at the end {load[0]:.2f} "
         f"(5 min: {load[1]:.2f})"

@@ -14,6 +14,8 @@
  *                each Invocation encoded ahead (runtime/_dispatcher.py: Dispatcher.offer_run)
  *   kafka_rows   a reply's KafkaProducerRecords into the producer's rows
  *                (egress/kafka.py: KafkaSink.write_many)
+ *   egress_groups  a FromFunction's egress records, grouped per egress id, read from its
+ *                bytes (runtime/_dispatcher.py: Dispatcher._apply_remote)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -519,12 +521,307 @@ error:
     return NULL;
 }
 
+/* ---- egress_groups --------------------------------------------------------------------- */
+
+/* One field of a protobuf message at data[*pos]: its number and wire type, and for a
+ * length-delimited field where its bytes are. 0: read (pos after it); -1: cut off or a wire
+ * type this reader does not take (groups). */
+typedef struct {
+    unsigned long long number;
+    int wire_type;
+    unsigned long long varint; /* wire type 0 */
+    Py_ssize_t start, length;  /* wire type 2 */
+} Field;
+
+static int
+read_field(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, Field *field)
+{
+    unsigned long long tag;
+    if (read_varint(data, end, pos, &tag) < 0) {
+        return -1;
+    }
+    field->number = tag >> 3;
+    field->wire_type = (int)(tag & 7);
+    switch (field->wire_type) {
+    case 0:
+        return read_varint(data, end, pos, &field->varint);
+    case 1:
+        if (end - *pos < 8) {
+            return -1;
+        }
+        *pos += 8;
+        return 0;
+    case 5:
+        if (end - *pos < 4) {
+            return -1;
+        }
+        *pos += 4;
+        return 0;
+    case 2: {
+        unsigned long long length;
+        if (read_varint(data, end, pos, &length) < 0 ||
+            length > (unsigned long long)(end - *pos)) {
+            return -1;
+        }
+        field->start = *pos;
+        field->length = (Py_ssize_t)length;
+        *pos += (Py_ssize_t)length;
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* An EgressMessage's fields (its argument's merged from each occurrence, as protobuf merges
+ * a message field that appears more than once). */
+typedef struct {
+    Py_ssize_t ns_start, ns_length, type_start, type_length;
+    Py_ssize_t typename_start, typename_length, value_start, value_length;
+    int has_value;
+} Egress;
+
+/* 0: parsed; -1: anything else (a known field of another wire type, bytes cut off). */
+static int
+parse_typed_value(const unsigned char *data, Py_ssize_t start, Py_ssize_t end, Egress *egress)
+{
+    Py_ssize_t pos = start;
+    Field field;
+    while (pos < end) {
+        if (read_field(data, end, &pos, &field) < 0) {
+            return -1;
+        }
+        if (field.number == 1 || field.number == 3) {
+            if (field.wire_type != 2) {
+                return -1;
+            }
+            if (field.number == 1) {
+                egress->typename_start = field.start;
+                egress->typename_length = field.length;
+            }
+            else {
+                egress->value_start = field.start;
+                egress->value_length = field.length;
+            }
+        }
+        else if (field.number == 2) {
+            if (field.wire_type != 0) {
+                return -1;
+            }
+            egress->has_value = field.varint != 0;
+        }
+    }
+    return 0;
+}
+
+static int
+parse_egress(const unsigned char *data, Py_ssize_t start, Py_ssize_t end, Egress *egress)
+{
+    Py_ssize_t pos = start;
+    Field field;
+    memset(egress, 0, sizeof(*egress));
+    while (pos < end) {
+        if (read_field(data, end, &pos, &field) < 0) {
+            return -1;
+        }
+        if (field.number >= 1 && field.number <= 3 && field.wire_type != 2) {
+            return -1;
+        }
+        if (field.number == 1) {
+            egress->ns_start = field.start;
+            egress->ns_length = field.length;
+        }
+        else if (field.number == 2) {
+            egress->type_start = field.start;
+            egress->type_length = field.length;
+        }
+        else if (field.number == 3) {
+            if (parse_typed_value(data, field.start, field.start + field.length, egress) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The str of data[start:start + length], the previous one's if the bytes are the same. */
+static PyObject *
+cached_text(const unsigned char *data, Py_ssize_t start, Py_ssize_t length,
+            const unsigned char **last_data, Py_ssize_t *last_start, Py_ssize_t *last_length,
+            PyObject **last)
+{
+    if (*last != NULL && *last_length == length &&
+        memcmp(*last_data + *last_start, data + start, length) == 0) {
+        return Py_NewRef(*last);
+    }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, length, NULL);
+    if (text == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(*last, Py_NewRef(text));
+    *last_data = data;
+    *last_start = start;
+    *last_length = length;
+    return text;
+}
+
+/* Append the egress message to its egress id's list in ``groups``: 0, or -1 with an error
+ * set, or 1: not the usual case (an egress id with a part missing, text not UTF-8). */
+static int
+group_egress(PyObject *groups, const unsigned char *data, Egress *egress, PyTypeObject *cls,
+             PyObject **last_id, const unsigned char **id_data, Py_ssize_t *id_start,
+             Py_ssize_t *id_length, PyObject **last_typename, const unsigned char **tn_data,
+             Py_ssize_t *tn_start, Py_ssize_t *tn_length)
+{
+    if (egress->ns_length == 0 || egress->type_length == 0) {
+        return 1; /* (the Python code refuses the reply, saying why) */
+    }
+    /* "namespace/type": the two parts are apart in the bytes, so the id is compared as the
+     * previous one's parts */
+    PyObject *id;
+    Py_ssize_t total = egress->ns_length + 1 + egress->type_length;
+    if (*last_id != NULL && *id_length == total && (*id_data)[egress->ns_length] == '/' &&
+        memcmp(*id_data + *id_start, data + egress->ns_start, egress->ns_length) == 0 &&
+        memcmp(*id_data + *id_start + egress->ns_length + 1, data + egress->type_start,
+               egress->type_length) == 0) {
+        id = Py_NewRef(*last_id);
+    }
+    else {
+        PyObject *ns = PyUnicode_DecodeUTF8((const char *)data + egress->ns_start,
+                                            egress->ns_length, NULL);
+        PyObject *type = ns == NULL ? NULL
+                                    : PyUnicode_DecodeUTF8((const char *)data + egress->type_start,
+                                                           egress->type_length, NULL);
+        if (type == NULL) {
+            Py_XDECREF(ns);
+            PyErr_Clear();
+            return 1;
+        }
+        id = PyUnicode_FromFormat("%U/%U", ns, type);
+        Py_DECREF(ns);
+        Py_DECREF(type);
+        if (id == NULL) {
+            return -1;
+        }
+        /* remember the parts: kept as "ns/type" bytes of this id, compared part by part */
+        Py_XSETREF(*last_id, Py_NewRef(id));
+        *id_data = (const unsigned char *)PyUnicode_AsUTF8(id);
+        *id_start = 0;
+        *id_length = total;
+        if (*id_data == NULL) {
+            Py_DECREF(id);
+            return -1;
+        }
+    }
+    PyObject *typename = cached_text(data, egress->typename_start, egress->typename_length,
+                                     tn_data, tn_start, tn_length, last_typename);
+    if (typename == NULL) {
+        Py_DECREF(id);
+        PyErr_Clear();
+        return 1;
+    }
+    /* (the bytes as sent, has_value or not, as protobuf's reading gives them) */
+    PyObject *value = PyBytes_FromStringAndSize((const char *)data + egress->value_start,
+                                                egress->value_length);
+    PyObject *typed = value == NULL ? NULL : new_bare(cls);
+    int failed = typed == NULL || PyObject_SetAttr(typed, s_typename, typename) < 0 ||
+                 PyObject_SetAttr(typed, s_has_value, egress->has_value ? Py_True : Py_False) < 0 ||
+                 PyObject_SetAttr(typed, s_value, value) < 0;
+    Py_DECREF(typename);
+    Py_XDECREF(value);
+    if (!failed) {
+        PyObject *records = PyDict_GetItemWithError(groups, id);
+        if (records == NULL) {
+            records = PyErr_Occurred() ? NULL : PyList_New(0);
+            failed = records == NULL || PyDict_SetItem(groups, id, records) < 0;
+            if (records != NULL) {
+                Py_DECREF(records); /* (the dict holds it) */
+            }
+        }
+        failed = failed || PyList_Append(records, typed) < 0;
+    }
+    Py_DECREF(id);
+    Py_XDECREF(typed);
+    return failed ? -1 : 0;
+}
+
+PyDoc_STRVAR(egress_groups_doc,
+             "egress_groups(reply, typed_cls) -> dict | None\n\n"
+             "The egress records of a FromFunction's invocation result, read from its bytes as "
+             "Dispatcher._apply_remote groups them: egress id (\"namespace/type\") -> its "
+             "records (``typed_cls`` values) in order, ids in the order they first appear; "
+             "None when the reply is not the usual case (the Python code then reads it).");
+
+static PyObject *
+egress_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "egress_groups() takes a reply and a class");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t size = view.len, pos = 0;
+    PyObject *groups = PyDict_New();
+    PyObject *last_id = NULL, *last_typename = NULL;
+    const unsigned char *id_data = NULL, *tn_data = NULL;
+    Py_ssize_t id_start = 0, id_length = 0, tn_start = 0, tn_length = 0;
+    int outcome = groups == NULL ? -1 : 0; /* 0 going, -1 error, 1 not the usual case */
+    Field top, inner;
+    while (outcome == 0 && pos < size) {
+        if (read_field(data, size, &pos, &top) < 0 || top.number == 101 ||
+            (top.number == 100 && top.wire_type != 2)) {
+            outcome = 1; /* (a reply that asks for state, or that upb would judge) */
+            break;
+        }
+        if (top.number != 100) {
+            continue;
+        }
+        /* an InvocationResponse (more than one merge: their egress lists add up) */
+        Py_ssize_t at = top.start, end = top.start + top.length;
+        while (outcome == 0 && at < end) {
+            if (read_field(data, end, &at, &inner) < 0 ||
+                (inner.number >= 1 && inner.number <= 4 && inner.wire_type != 2)) {
+                outcome = 1;
+                break;
+            }
+            if (inner.number != 4) {
+                continue;
+            }
+            Egress egress;
+            if (parse_egress(data, inner.start, inner.start + inner.length, &egress) < 0) {
+                outcome = 1;
+                break;
+            }
+            outcome = group_egress(groups, data, &egress, cls, &last_id, &id_data, &id_start,
+                                   &id_length, &last_typename, &tn_data, &tn_start, &tn_length);
+        }
+    }
+    Py_XDECREF(last_id);
+    Py_XDECREF(last_typename);
+    PyBuffer_Release(&view);
+    if (outcome == 0) {
+        return groups;
+    }
+    Py_XDECREF(groups);
+    if (outcome < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- the module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"kafka_run", (PyCFunction)(void (*)(void))kafka_run, METH_FASTCALL, kafka_run_doc},
     {"mailbox_run", (PyCFunction)(void (*)(void))mailbox_run, METH_FASTCALL, mailbox_run_doc},
     {"kafka_rows", (PyCFunction)(void (*)(void))kafka_rows, METH_FASTCALL, kafka_rows_doc},
+    {"egress_groups", (PyCFunction)(void (*)(void))egress_groups, METH_FASTCALL,
+     egress_groups_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from statefun.runtime._timers import TimerService
     from statefun.state.base import StateBackend
 
-__all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue"]
+__all__ = ["Dispatcher", "DispatcherJob", "ExpiringValue", "group_egress"]
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,34 @@ _new_object = object.__new__
 _mailbox_run: Callable[..., tuple[int, int]] | None = (
     None if hot_loops is None else hot_loops.mailbox_run
 )
+#: a reply's egress records grouped per egress id from its bytes, compiled, when built: the
+#: loop of Dispatcher._apply_remote over protobuf's objects
+_egress_groups: Callable[[bytes, type], dict[str, list[Any]] | None] | None = (
+    None if hot_loops is None else hot_loops.egress_groups
+)
 
 _MODIFY = pb.FromFunction.PersistedValueMutation.MODIFY
 #: the addresses recorded without a timeline: none
 _NONE: frozenset[AddressKey] = frozenset()
 _MAX_SPEC_ROUNDS = 3
+
+
+def group_egress(result: Any, typename: str) -> dict[str, list[Any]]:
+    """The egress records of a FromFunction's invocation result, per egress id
+    (``namespace/type``) in order, ids in the order they first appear (a batch's records mostly
+    go to one egress); MalformedResponseError for a record without a full egress id. The same
+    as ``statefun/_hotloops.c``'s ``egress_groups`` reads from the reply's bytes."""
+    egress: dict[str, list[Any]] = {}
+    namespace = kind = None
+    records: list[Any] = []
+    for e in result.outgoing_egresses:
+        if e.egress_namespace != namespace or e.egress_type != kind:
+            namespace, kind = e.egress_namespace, e.egress_type
+            if not namespace or not kind:
+                raise MalformedResponseError(f"function {typename} sent egress without an id")
+            records = egress.setdefault(f"{namespace}/{kind}", [])
+        records.append(e.argument)
+    return egress
 
 
 class _Held:
@@ -699,8 +722,9 @@ class Dispatcher(InboxSlices):
             if response.HasField("incomplete_invocation_context"):
                 self._register_specs(function, response.incomplete_invocation_context)
                 continue
+            egress = None if _egress_groups is None else _egress_groups(raw, TypedValue)
             outputs = self._apply_remote(
-                function, key, key_group, values, response.invocation_result, now
+                function, key, key_group, values, response.invocation_result, now, egress
             )
             if self._timeline is not None:
                 self._timeline.remote(key, batch, started, values, response.invocation_result)
@@ -792,9 +816,11 @@ class Dispatcher(InboxSlices):
         values: dict[str, Any],
         result: Any,
         now: int,
+        egress: dict[str, list[Any]] | None = None,
     ) -> Callable[[], None]:
         """Apply the state of a batch's result (checked whole first); its other outputs, to
-        send (``_emit``)."""
+        send (``_emit``). ``egress``: its egress records grouped per egress id, when already
+        read from the reply's bytes (``statefun/_hotloops.c``: ``egress_groups``)."""
         typename = function.typename
         # Check everything first: a malformed response must change nothing.
         messages: list[Message] = []
@@ -832,17 +858,8 @@ class Dispatcher(InboxSlices):
                     d.cancellation_token,
                 )
             )
-        # per egress id, its records in order (a batch's records mostly go to one egress)
-        egress: dict[str, list[Any]] = {}
-        namespace = kind = None
-        records: list[Any] = []
-        for e in result.outgoing_egresses:
-            if e.egress_namespace != namespace or e.egress_type != kind:
-                namespace, kind = e.egress_namespace, e.egress_type
-                if not namespace or not kind:
-                    raise MalformedResponseError(f"function {typename} sent egress without an id")
-                records = egress.setdefault(f"{namespace}/{kind}", [])
-            records.append(e.argument)
+        if egress is None:
+            egress = group_egress(result, typename)
         written: list[str] = []
         for mutation in result.state_mutations:
             name = mutation.state_name

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from bench.statefun_jvm_vs_pystatefun import (
     NO_METRICS,
+    PYTHON_LOOPS,
     Phase,
     Run,
     hot_backlog_by_repeat,
     merge,
-    metrics_cost,
     table,
+    variant_cost,
 )
 
 
@@ -28,7 +29,8 @@ def test_metrics_cost_compares_each_on_run_with_its_off_run() -> None:
         run(NO_METRICS, 1.0, 1000.0),
         run("pystatefun", 1.0, 1100.0),
     ]
-    report = metrics_cost(runs)
+    report = variant_cost(runs, NO_METRICS)
+    assert report.startswith("metrics on against off (on / off - 1;")
     lines = [line for line in report.splitlines() if line.startswith("| exactly-once")]
     # records per CPU-second: 1000/1.0 against 1000/0.98 (-2.0%) and 1000/1.0 (+0.0%)
     assert lines == [
@@ -37,8 +39,21 @@ def test_metrics_cost_compares_each_on_run_with_its_off_run() -> None:
     assert report.endswith("records per runtime CPU-second: -1.0%")
 
 
+def test_the_compiled_loops_are_compared_with_their_python_run() -> None:
+    runs = [run("pystatefun", 0.8, 1200.0), run(PYTHON_LOOPS, 1.0, 1000.0)]
+    report = variant_cost(runs, PYTHON_LOOPS)
+    assert report.startswith("compiled hot loops against Python ones (compiled / Python - 1;")
+    lines = [line for line in report.splitlines() if line.startswith("| exactly-once")]
+    assert lines == [
+        "| exactly-once | many keys | 1 | +25.0% (+25.0 to +25.0) | +20.0% (+20.0 to +20.0) |"
+    ]
+    assert variant_cost(runs, NO_METRICS) == ""
+
+
 def test_no_cost_report_without_both_runtimes() -> None:
-    assert metrics_cost([run("pystatefun", 1.0, 1000.0), run("statefun-jvm", 1.0, 900.0)]) == ""
+    for variant in (NO_METRICS, PYTHON_LOOPS):
+        pair = [run("pystatefun", 1.0, 1000.0), run("statefun-jvm", 1.0, 900.0)]
+        assert variant_cost(pair, variant) == ""
 
 
 def backlog(records_per_s: float, broker_cpu_s: float | None, reader_cpu_s: float) -> Run:

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statefun._compiled import NO_EXTENSIONS_VARIABLE, hot_loops, load_hot_loops
+from statefun._exceptions import MalformedResponseError
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
 from statefun.egress import kafka as kafka_egress
@@ -32,8 +33,10 @@ from statefun.ingress import _kafka_runs
 from statefun.ingress._kafka_runs import Fields, python_messages
 from statefun.module._specs import FunctionTarget, HttpEndpointSpec, ModuleSpec
 from statefun.runtime import Job, _dispatcher
+from statefun.runtime._dispatcher import group_egress
 from statefun.runtime._envelope import Envelope
 from statefun.sdk import TypedValue
+from statefun.sdk._proto import request_reply_pb2 as pb
 
 COMPILED = load_hot_loops({})  # (whatever the environment says: the tests compare both)
 
@@ -338,7 +341,8 @@ def test_no_reference_is_leaked_on_any_path() -> None:
     pairs: list[Any] = [("k", typed), ("k", TypedValue("t/v", b"")), ("j", typed)]
     encoding = _dispatcher.ingress_encoding("t/v")
     record = TypedValue(KAFKA_PRODUCER_RECORD, b"\x0a\x02k1\x12\x03abc\x1a\x03out")
-    watched = [key, value, bad, typed, typed.value, record, record.value, *batch]
+    reply = _reply([_egress("e", "out", "t/v", True, b"1"), _egress("e", "x", "t/v", True, b"2")])
+    watched = [key, value, bad, typed, typed.value, record, record.value, reply, *batch]
 
     def failing_append(_: Any) -> None:
         raise RuntimeError("full")
@@ -363,6 +367,8 @@ def test_no_reference_is_leaked_on_any_path() -> None:
         )
         COMPILED.kafka_rows([record, record], KAFKA_PRODUCER_RECORD)
         COMPILED.kafka_rows([record, typed], KAFKA_PRODUCER_RECORD)
+        COMPILED.egress_groups(reply, TypedValue)
+        COMPILED.egress_groups(reply + b"\x5b", TypedValue)  # (None, after some records)
 
     every_path()
     mailbox.clear()
@@ -376,3 +382,138 @@ def test_no_reference_is_leaked_on_any_path() -> None:
     assert [sys.getrefcount(o) for o in watched] == before
     # nor anything it made (a leak here is thousands of blocks)
     assert sys.getallocatedblocks() - blocks < 500
+
+
+# -- a reply's egress records, grouped ----------------------------------------------------------
+
+
+def _egress(ns: str, kind: str, typename: str, has_value: bool, value: bytes) -> bytes:
+    message = pb.FromFunction.EgressMessage(
+        egress_namespace=ns,
+        egress_type=kind,
+        argument=pb.TypedValue(typename=typename, has_value=has_value, value=value),
+    )
+    return bytes(message.SerializeToString())
+
+
+_egress_messages = st.builds(
+    _egress,
+    st.sampled_from(["e", "e", "", "\u00e9", "a/b", "a", "ab"]),
+    st.sampled_from(["out", "out", "", "b/out", "x", "c", "/c"]),
+    st.sampled_from([KAFKA_PRODUCER_RECORD, "t/v", ""]),
+    st.booleans(),
+    st.binary(max_size=20),
+)
+#: an egress record as sent: one EgressMessage, or two one after the other (protobuf merges
+#: them: the second's fields win, its argument merged into the first's), or with an unknown
+#: field
+_egress_records = st.one_of(
+    _egress_messages,
+    st.builds(lambda a, b: a + b, _egress_messages, _egress_messages),
+    st.builds(lambda a: a + b"\x1a\x04\x1a\x02zz", _egress_messages),  # a second argument
+    st.builds(lambda a: a + b"\x38\x01", _egress_messages),  # field 7, varint
+)
+#: what an InvocationResponse may carry besides its egress records: other outputs, fields it
+#: does not have (one that looks like an egress record)
+_result_extras = st.sampled_from(
+    [
+        b"",
+        b"\x0a\x06\x08\x01\x12\x02s0",  # a state mutation
+        b"\x12\x04\x0a\x02\x1a\x00",  # an outgoing message
+        b"\x2a\x08\x0a\x01e\x12\x03out",  # field 5, bytes
+        b"\x30\x01",  # field 6, varint
+    ]
+)
+
+
+def _reply(egresses: list[bytes], extras: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+    result = b"".join(b"\x22" + _varint(len(e)) + e for e in egresses) + b"".join(extras)
+    return b"\xa2\x06" + _varint(len(result)) + result
+
+
+#: raw pieces a reply may carry besides: an unknown field of each wire type, a second
+#: argument for the last egress record (merged into the first), a known field of another
+#: wire type, an incomplete-context reply, bytes cut off
+_extras = st.sampled_from(
+    [
+        b"",
+        b"\x38\x05",  # field 7, varint
+        b"\x41" + b"\x00" * 8,  # field 8, 64-bit
+        b"\x4d" + b"\x00" * 4,  # field 9, 32-bit
+        b"\x52\x02ab",  # field 10, bytes
+        b"\xa2\x06\x05\x22\x03\x0a\x01e",  # invocation_result again: a record with a namespace
+        b"\xa2\x06\x02\x20\x01",  # invocation_result with egress field as a varint
+        b"\xaa\x06\x00",  # incomplete_invocation_context
+        b"\xa2\x06\x05\x22\x03",  # cut off
+        b"\x5b",  # a group's start
+    ]
+)
+
+
+def _groups_view(groups: dict[str, list[Any]] | None) -> Any:
+    if groups is None:
+        return None
+    return {
+        id_: [(t.typename, bool(t.has_value), bytes(t.value)) for t in records]
+        for id_, records in groups.items()
+    }
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(
+    egresses=st.lists(_egress_records, max_size=8),
+    inside=st.lists(_result_extras, max_size=2),
+    extras=st.lists(_extras, max_size=2),
+    merged=st.lists(_egress_records, max_size=2),
+)
+def test_egress_groups_are_the_groups_protobuf_gives(
+    egresses: list[bytes], inside: list[bytes], extras: list[bytes], merged: list[bytes]
+) -> None:
+    assert COMPILED is not None
+    reply = _reply(egresses, inside) + b"".join(extras)
+    if merged:  # a second FromFunction after the first: protobuf merges them
+        reply += _reply(merged)
+    try:
+        response = pb.FromFunction.FromString(reply)
+    except DecodeError:
+        return  # (never handed on: the dispatcher refuses the reply first)
+    compiled = COMPILED.egress_groups(reply, TypedValue)
+    if response.HasField("incomplete_invocation_context"):
+        assert compiled is None
+        return
+    try:
+        python = group_egress(response.invocation_result, "t/fn")
+    except MalformedResponseError:
+        assert compiled is None  # the Python code says why
+        return
+    if compiled is not None:
+        assert _groups_view(compiled) == _groups_view(python)
+        assert all(type(t) is TypedValue for records in compiled.values() for t in records)
+    else:  # only for what the compiled reader leaves to protobuf: a field of another wire
+        # type, a group, an incomplete-context reply (one a later result replaces)
+        assert {b"\xa2\x06\x02\x20\x01", b"\x5b", b"\xaa\x06\x00"} & set(extras)
+
+
+@needs_compiled
+def test_egress_groups_of_a_usual_reply() -> None:
+    assert COMPILED is not None
+    reply = _reply(
+        [
+            _egress("e", "out", KAFKA_PRODUCER_RECORD, True, b"r1"),
+            _egress("e", "log", "t/v", False, b""),
+            _egress("e", "out", KAFKA_PRODUCER_RECORD, True, b"r2"),
+        ],
+        [b"\x0a\x06\x08\x01\x12\x02s0"],
+    )
+    groups = COMPILED.egress_groups(reply, TypedValue)
+    assert _groups_view(groups) == {
+        "e/out": [(KAFKA_PRODUCER_RECORD, True, b"r1"), (KAFKA_PRODUCER_RECORD, True, b"r2")],
+        "e/log": [("t/v", False, b"")],
+    }
+    assert list(groups or {}) == ["e/out", "e/log"]
+    # ids of one length whose parts agree but for where the "/" falls are two ids
+    tricky = _reply([_egress("ab", "c", "t/v", True, b"1"), _egress("a", "/c", "t/v", True, b"2")])
+    assert list(COMPILED.egress_groups(tricky, TypedValue) or {}) == ["ab/c", "a//c"]
+    assert COMPILED.egress_groups(b"", TypedValue) == {}
+    assert COMPILED.egress_groups(memoryview(reply), TypedValue) == groups
