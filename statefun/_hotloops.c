@@ -15,10 +15,13 @@
  *   kafka_rows   a reply's KafkaProducerRecords into the producer's rows
  *                (egress/kafka.py: KafkaSink.write_many)
  *   egress_groups  a FromFunction's egress records, grouped per egress id, read from its
- *                bytes (runtime/_dispatcher.py: Dispatcher._apply_remote)
+ *                bytes (runtime/_dispatcher.py: group_egress)
+ *   invocation_wires  a batch's Invocations, encoded ahead or now
+ *                (runtime/_remote.py: encode_to_function)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 
 static PyObject *s_typename, *s_has_value, *s_value, *s_id, *s_caller, *s_wire, *s_decode,
@@ -35,6 +38,88 @@ static PyObject *
 new_bare(PyTypeObject *cls)
 {
     return cls->tp_alloc(cls, 0);
+}
+
+/* ---- attributes in place ----------------------------------------------------------------- */
+
+/* Where objects of one class keep some named attributes: for a class whose attributes are
+ * __slots__ (member descriptors) and that reads and writes them the generic way, their offsets,
+ * read and written in place as the descriptors would; for anything else (or an object of
+ * another class), by name. */
+#define LAYOUT_MAX 5
+
+typedef struct {
+    PyTypeObject *cls;
+    int count;
+    PyObject *names[LAYOUT_MAX];
+    Py_ssize_t offsets[LAYOUT_MAX]; /* -1: by name */
+} Layout;
+
+static void
+layout_of(Layout *layout, PyTypeObject *cls, PyObject *const *names, int count)
+{
+    layout->cls = cls;
+    layout->count = count;
+    int generic = cls->tp_getattro == PyObject_GenericGetAttr &&
+                  cls->tp_setattro == PyObject_GenericSetAttr;
+    for (int i = 0; i < count; i++) {
+        layout->names[i] = names[i];
+        layout->offsets[i] = -1;
+        if (!generic) {
+            continue;
+        }
+        PyObject *descr = PyObject_GetAttr((PyObject *)cls, names[i]);
+        if (descr == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY) &&
+                PyType_IsSubtype(cls, PyDescr_TYPE(descr))) {
+                layout->offsets[i] = member->offset;
+            }
+        }
+        Py_DECREF(descr);
+    }
+}
+
+/* obj.<name i> = value (obj made by new_bare(layout->cls)); 0, or -1 with an error set. */
+static int
+layout_set(const Layout *layout, PyObject *obj, int i, PyObject *value)
+{
+    Py_ssize_t offset = layout->offsets[i];
+    if (offset < 0 || !Py_IS_TYPE(obj, layout->cls)) {
+        return PyObject_SetAttr(obj, layout->names[i], value);
+    }
+    PyObject **slot = (PyObject **)((char *)obj + offset);
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
+/* obj.<name i> (a new reference), or NULL with an error set. */
+static PyObject *
+layout_get(const Layout *layout, PyObject *obj, int i)
+{
+    Py_ssize_t offset = layout->offsets[i];
+    if (offset >= 0 && Py_IS_TYPE(obj, layout->cls)) {
+        PyObject *value = *(PyObject **)((char *)obj + offset);
+        if (value != NULL) {
+            return Py_NewRef(value);
+        }
+    }
+    return PyObject_GetAttr(obj, layout->names[i]); /* (an unset slot: its AttributeError) */
+}
+
+/* the attributes of a typed value and of an envelope, by their index in a Layout */
+enum { TV_TYPENAME, TV_HAS_VALUE, TV_VALUE, TV_COUNT };
+enum { ENV_TYPENAME, ENV_ID, ENV_VALUE, ENV_CALLER, ENV_WIRE, ENV_COUNT };
+
+static void
+typed_value_layout(Layout *layout, PyTypeObject *cls)
+{
+    PyObject *names[TV_COUNT] = {s_typename, s_has_value, s_value};
+    layout_of(layout, cls, names, TV_COUNT);
 }
 
 /* ---- kafka_run ------------------------------------------------------------------------- */
@@ -95,6 +180,8 @@ kafka_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyTypeObject *cls = (PyTypeObject *)typed_cls;
+    Layout typed_layout;
+    typed_value_layout(&typed_layout, cls);
     PyObject *run = PyList_New(0);
     PyObject *first = PyList_GET_ITEM(batch, start);
     Py_INCREF(first);
@@ -170,9 +257,9 @@ kafka_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (typed == NULL) {
             goto error;
         }
-        if (PyObject_SetAttr(typed, s_typename, value_type) < 0 ||
-            PyObject_SetAttr(typed, s_has_value, Py_True) < 0 ||
-            PyObject_SetAttr(typed, s_value, value) < 0) {
+        if (layout_set(&typed_layout, typed, TV_TYPENAME, value_type) < 0 ||
+            layout_set(&typed_layout, typed, TV_HAS_VALUE, Py_True) < 0 ||
+            layout_set(&typed_layout, typed, TV_VALUE, value) < 0) {
             Py_DECREF(typed);
             goto error;
         }
@@ -215,10 +302,10 @@ error:
 /* The Invocation of ``typed`` as runtime/_remote.py's ingress_encoder() makes it: its
  * prefix by the value's length and the value's bytes, or (any other value) the fallback's. */
 static PyObject *
-encode_invocation(PyObject *typed, PyObject *value_type, PyObject *prefixes,
-                  Py_ssize_t limit, PyObject *fallback)
+encode_invocation(const Layout *typed_layout, PyObject *typed, PyObject *value_type,
+                  PyObject *prefixes, Py_ssize_t limit, PyObject *fallback)
 {
-    PyObject *typename = PyObject_GetAttr(typed, s_typename);
+    PyObject *typename = layout_get(typed_layout, typed, TV_TYPENAME);
     if (typename == NULL) {
         return NULL;
     }
@@ -228,7 +315,7 @@ encode_invocation(PyObject *typed, PyObject *value_type, PyObject *prefixes,
         return NULL;
     }
     if (same) {
-        PyObject *has_value = PyObject_GetAttr(typed, s_has_value);
+        PyObject *has_value = layout_get(typed_layout, typed, TV_HAS_VALUE);
         if (has_value == NULL) {
             return NULL;
         }
@@ -238,7 +325,7 @@ encode_invocation(PyObject *typed, PyObject *value_type, PyObject *prefixes,
             return NULL;
         }
         if (has) {
-            PyObject *value = PyObject_GetAttr(typed, s_value);
+            PyObject *value = layout_get(typed_layout, typed, TV_VALUE);
             if (value == NULL) {
                 return NULL;
             }
@@ -312,6 +399,15 @@ mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *fallback = PyTuple_GET_ITEM(encoding, 3);
     PyTypeObject *cls = (PyTypeObject *)envelope_cls;
+    Layout envelope_layout, typed_layout;
+    PyObject *envelope_names[ENV_COUNT] = {s_typename, s_id, s_value, s_caller, s_wire};
+    layout_of(&envelope_layout, cls, envelope_names, ENV_COUNT);
+    /* (the values are mostly of one class: the first one's) */
+    PyObject *first = start < PyList_GET_SIZE(messages) ? PyList_GET_ITEM(messages, start) : NULL;
+    typed_value_layout(&typed_layout, first != NULL && PyTuple_CheckExact(first) &&
+                                              PyTuple_GET_SIZE(first) == 2
+                                          ? Py_TYPE(PyTuple_GET_ITEM(first, 1))
+                                          : &PyBaseObject_Type);
     Py_ssize_t index = start;
     while (index < stop && index < PyList_GET_SIZE(messages)) {
         PyObject *message = PyList_GET_ITEM(messages, index);
@@ -330,14 +426,15 @@ mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         index++;
         PyObject *value = PyTuple_GET_ITEM(message, 1);
         PyObject *envelope = new_bare(cls);
-        PyObject *wire = envelope == NULL ? NULL
-                                          : encode_invocation(value, value_type, prefixes,
-                                                              prefix_limit, fallback);
-        if (wire == NULL || PyObject_SetAttr(envelope, s_typename, typename) < 0 ||
-            PyObject_SetAttr(envelope, s_id, id) < 0 ||
-            PyObject_SetAttr(envelope, s_value, value) < 0 ||
-            PyObject_SetAttr(envelope, s_caller, Py_None) < 0 ||
-            PyObject_SetAttr(envelope, s_wire, wire) < 0) {
+        PyObject *wire = envelope == NULL
+                             ? NULL
+                             : encode_invocation(&typed_layout, value, value_type, prefixes,
+                                                 prefix_limit, fallback);
+        if (wire == NULL || layout_set(&envelope_layout, envelope, ENV_TYPENAME, typename) < 0 ||
+            layout_set(&envelope_layout, envelope, ENV_ID, id) < 0 ||
+            layout_set(&envelope_layout, envelope, ENV_VALUE, value) < 0 ||
+            layout_set(&envelope_layout, envelope, ENV_CALLER, Py_None) < 0 ||
+            layout_set(&envelope_layout, envelope, ENV_WIRE, wire) < 0) {
             Py_XDECREF(wire);
             Py_XDECREF(envelope);
             Py_DECREF(message);
@@ -357,6 +454,51 @@ mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     return Py_BuildValue("(nn)", index, size);
+}
+
+/* ---- invocation_wires ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(invocation_wires_doc,
+             "invocation_wires(batch, encode) -> list\n\n"
+             "The Invocation bytes of each envelope of the list ``batch``, in order, as "
+             "runtime/_remote.py's encode_to_function gathers them: its ``wire`` encoded ahead, "
+             "or (None) ``encode(envelope)``.");
+
+static PyObject *
+invocation_wires(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "invocation_wires() takes a list and a function");
+        return NULL;
+    }
+    PyObject *batch = args[0], *encode = args[1];
+    Py_ssize_t size = PyList_GET_SIZE(batch);
+    PyObject *wires = PyList_New(size);
+    if (wires == NULL) {
+        return NULL;
+    }
+    Layout layout; /* (one class of envelope: the first one's) */
+    PyObject *names[1] = {s_wire};
+    layout_of(&layout, size ? Py_TYPE(PyList_GET_ITEM(batch, 0)) : &PyBaseObject_Type, names, 1);
+    for (Py_ssize_t index = 0; index < size; index++) {
+        if (PyList_GET_SIZE(batch) != size) {
+            Py_DECREF(wires);
+            PyErr_SetString(PyExc_RuntimeError, "invocation_wires(): the batch changed size");
+            return NULL;
+        }
+        PyObject *envelope = Py_NewRef(PyList_GET_ITEM(batch, index));
+        PyObject *wire = layout_get(&layout, envelope, 0);
+        if (wire == Py_None) {
+            Py_SETREF(wire, call1(encode, envelope));
+        }
+        Py_DECREF(envelope);
+        if (wire == NULL) {
+            Py_DECREF(wires);
+            return NULL;
+        }
+        PyList_SET_ITEM(wires, index, wire);
+    }
+    return wires;
 }
 
 /* ---- kafka_rows ------------------------------------------------------------------------ */
@@ -436,12 +578,16 @@ kafka_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* consecutive records mostly share their topic: its str is made once for them */
     PyObject *topic = NULL, *topic_bytes = NULL;
     Py_ssize_t topic_start = 0, topic_length = 0;
+    Layout typed_layout; /* (the values are mostly of one class: the first one's) */
+    typed_value_layout(&typed_layout, PyList_GET_SIZE(values)
+                                          ? Py_TYPE(PyList_GET_ITEM(values, 0))
+                                          : &PyBaseObject_Type);
     for (Py_ssize_t index = 0; index < PyList_GET_SIZE(values); index++) {
         PyObject *typed = Py_NewRef(PyList_GET_ITEM(values, index));
-        PyObject *typename = PyObject_GetAttr(typed, s_typename);
+        PyObject *typename = layout_get(&typed_layout, typed, TV_TYPENAME);
         int same = typename == NULL ? -1 : PyObject_RichCompareBool(typename, expected, Py_EQ);
         Py_XDECREF(typename);
-        PyObject *value = same > 0 ? PyObject_GetAttr(typed, s_value) : NULL;
+        PyObject *value = same > 0 ? layout_get(&typed_layout, typed, TV_VALUE) : NULL;
         Py_DECREF(typed);
         if (same < 0 || (same > 0 && value == NULL)) {
             goto error;
@@ -668,7 +814,8 @@ cached_text(const unsigned char *data, Py_ssize_t start, Py_ssize_t length,
 /* Append the egress message to its egress id's list in ``groups``: 0, or -1 with an error
  * set, or 1: not the usual case (an egress id with a part missing, text not UTF-8). */
 static int
-group_egress(PyObject *groups, const unsigned char *data, Egress *egress, PyTypeObject *cls,
+group_egress(PyObject *groups, const unsigned char *data, Egress *egress,
+             const Layout *typed_layout,
              PyObject **last_id, const unsigned char **id_data, Py_ssize_t *id_start,
              Py_ssize_t *id_length, PyObject **last_typename, const unsigned char **tn_data,
              Py_ssize_t *tn_start, Py_ssize_t *tn_length)
@@ -723,10 +870,11 @@ group_egress(PyObject *groups, const unsigned char *data, Egress *egress, PyType
     /* (the bytes as sent, has_value or not, as protobuf's reading gives them) */
     PyObject *value = PyBytes_FromStringAndSize((const char *)data + egress->value_start,
                                                 egress->value_length);
-    PyObject *typed = value == NULL ? NULL : new_bare(cls);
-    int failed = typed == NULL || PyObject_SetAttr(typed, s_typename, typename) < 0 ||
-                 PyObject_SetAttr(typed, s_has_value, egress->has_value ? Py_True : Py_False) < 0 ||
-                 PyObject_SetAttr(typed, s_value, value) < 0;
+    PyObject *typed = value == NULL ? NULL : new_bare(typed_layout->cls);
+    int failed = typed == NULL || layout_set(typed_layout, typed, TV_TYPENAME, typename) < 0 ||
+                 layout_set(typed_layout, typed, TV_HAS_VALUE,
+                            egress->has_value ? Py_True : Py_False) < 0 ||
+                 layout_set(typed_layout, typed, TV_VALUE, value) < 0;
     Py_DECREF(typename);
     Py_XDECREF(value);
     if (!failed) {
@@ -763,7 +911,8 @@ egress_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyTypeObject *cls = (PyTypeObject *)args[1];
+    Layout typed_layout;
+    typed_value_layout(&typed_layout, (PyTypeObject *)args[1]);
     const unsigned char *data = (const unsigned char *)view.buf;
     Py_ssize_t size = view.len, pos = 0;
     PyObject *groups = PyDict_New();
@@ -797,7 +946,7 @@ egress_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 outcome = 1;
                 break;
             }
-            outcome = group_egress(groups, data, &egress, cls, &last_id, &id_data, &id_start,
+            outcome = group_egress(groups, data, &egress, &typed_layout, &last_id, &id_data, &id_start,
                                    &id_length, &last_typename, &tn_data, &tn_start, &tn_length);
         }
     }
@@ -822,6 +971,8 @@ static PyMethodDef methods[] = {
     {"kafka_rows", (PyCFunction)(void (*)(void))kafka_rows, METH_FASTCALL, kafka_rows_doc},
     {"egress_groups", (PyCFunction)(void (*)(void))egress_groups, METH_FASTCALL,
      egress_groups_doc},
+    {"invocation_wires", (PyCFunction)(void (*)(void))invocation_wires, METH_FASTCALL,
+     invocation_wires_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from statefun._compiled import hot_loops
 from statefun._exceptions import (
     FunctionNotFoundError,
     MalformedResponseError,
@@ -81,6 +82,12 @@ _NO_SUCH_FUNCTION = re.compile(
 )
 
 
+#: encode_to_function's loop over a batch, compiled (statefun/_hotloops.c), when built
+_invocation_wires: Callable[[list[Envelope], Callable[[Envelope], bytes]], list[bytes]] | None = (
+    None if hot_loops is None else hot_loops.invocation_wires
+)
+
+
 def encode_to_function(
     typename: str,
     id_: str,
@@ -104,9 +111,12 @@ def encode_to_function(
                 message_field(b"\x0a", name.encode("utf-8")) + message_field(b"\x12", value),
             )
         )
-    for envelope in batch:
-        wire = envelope.wire
-        parts.append(invocation(envelope) if wire is None else wire)
+    if _invocation_wires is not None and type(batch) is list:
+        parts += _invocation_wires(batch, invocation)  # (the loop below, compiled)
+    else:
+        for envelope in batch:
+            wire = envelope.wire
+            parts.append(invocation(envelope) if wire is None else wire)
     return message_field(b"\xa2\x06", b"".join(parts))
 
 

@@ -32,9 +32,10 @@ from statefun.egress.kafka import KAFKA_PRODUCER_RECORD, KafkaSink
 from statefun.ingress import _kafka_runs
 from statefun.ingress._kafka_runs import Fields, python_messages
 from statefun.module._specs import FunctionTarget, HttpEndpointSpec, ModuleSpec
-from statefun.runtime import Job, _dispatcher
+from statefun.runtime import Job, _dispatcher, _remote
 from statefun.runtime._dispatcher import group_egress
 from statefun.runtime._envelope import Envelope
+from statefun.runtime._remote import encode_to_function, invocation
 from statefun.sdk import TypedValue
 from statefun.sdk._proto import request_reply_pb2 as pb
 
@@ -183,7 +184,22 @@ def compiled_or_python(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bo
     yield choose
 
 
+class _PlainTyped:
+    """A typed value with its attributes in a __dict__ (the loops read it by name)."""
+
+    def __init__(self, typename: str, value: Any) -> None:
+        self.typename, self.has_value, self.value = typename, value is not None, value or b""
+
+
+class _SubTyped(TypedValue):
+    """A subclass: the loops read it by name too (only TypedValue's own slots in place)."""
+
+    __slots__ = ("extra",)
+
+
 _typed_values = st.one_of(
+    st.builds(_PlainTyped, st.sampled_from(["t/v", "t/other"]), st.binary(max_size=4)),
+    st.builds(_SubTyped, st.just("t/v"), st.binary(max_size=4)),
     st.builds(TypedValue, st.just("t/v"), st.binary(min_size=0, max_size=130)),
     st.builds(TypedValue, st.sampled_from(["t/v", "t/other"]), st.none() | st.binary(max_size=3)),
     st.builds(lambda v: TypedValue("t/v", memoryview(v)), st.binary(min_size=1, max_size=4)),  # type: ignore[arg-type]
@@ -286,6 +302,8 @@ _egress_values = st.one_of(
     ),
     st.just(TypedValue(KAFKA_PRODUCER_RECORD, None)),
     st.just(TypedValue("io.statefun.types/string", b"\n\x01x")),
+    st.just(_PlainTyped(KAFKA_PRODUCER_RECORD, b"\x1a\x01t")),
+    st.just(_SubTyped(KAFKA_PRODUCER_RECORD, b"\x1a\x01u")),
     st.builds(lambda v: TypedValue(KAFKA_PRODUCER_RECORD, memoryview(v)), st.just(b"\x1a\x01t")),  # type: ignore[arg-type]
 )
 
@@ -342,7 +360,10 @@ def test_no_reference_is_leaked_on_any_path() -> None:
     encoding = _dispatcher.ingress_encoding("t/v")
     record = TypedValue(KAFKA_PRODUCER_RECORD, b"\x0a\x02k1\x12\x03abc\x1a\x03out")
     reply = _reply([_egress("e", "out", "t/v", True, b"1"), _egress("e", "x", "t/v", True, b"2")])
+    envelopes = [Envelope(_FUNCTION, "k", typed, None), Envelope(_FUNCTION, "k", typed, None)]
+    envelopes[0].wire = b"ahead"
     watched = [key, value, bad, typed, typed.value, record, record.value, reply, *batch]
+    watched += [*envelopes, envelopes[0].wire]
 
     def failing_append(_: Any) -> None:
         raise RuntimeError("full")
@@ -368,6 +389,7 @@ def test_no_reference_is_leaked_on_any_path() -> None:
         COMPILED.kafka_rows([record, record], KAFKA_PRODUCER_RECORD)
         COMPILED.kafka_rows([record, typed], KAFKA_PRODUCER_RECORD)
         COMPILED.egress_groups(reply, TypedValue)
+        COMPILED.invocation_wires(envelopes, invocation)
         COMPILED.egress_groups(reply + b"\x5b", TypedValue)  # (None, after some records)
 
     every_path()
@@ -517,3 +539,66 @@ def test_egress_groups_of_a_usual_reply() -> None:
     assert list(COMPILED.egress_groups(tricky, TypedValue) or {}) == ["ab/c", "a//c"]
     assert COMPILED.egress_groups(b"", TypedValue) == {}
     assert COMPILED.egress_groups(memoryview(reply), TypedValue) == groups
+
+
+@needs_compiled
+def test_objects_of_any_class_are_made_and_read_by_name() -> None:
+    """Attributes kept in place only for a class's own plain __slots__; any other class (a
+    __dict__, a subclass, a property) goes through getattr and setattr, as Python does."""
+    assert COMPILED is not None
+
+    seen: list[str] = []
+
+    class Watched:  # (made without its __init__, as TypedValue is)
+        def __setattr__(self, name: str, value: Any) -> None:
+            seen.append(name)
+            object.__setattr__(self, name, value)
+
+    batch = [_Record(b"k", b"v", 0, "a")]
+    [(_, plain)] = COMPILED.kafka_run(batch, 0, *_FIELDS, "t/v", None, _PlainTyped, ())
+    assert (plain.typename, plain.has_value, plain.value) == ("t/v", True, b"v")
+    [(_, watched)] = COMPILED.kafka_run(batch, 0, *_FIELDS, "t/v", None, Watched, ())
+    assert seen == ["typename", "has_value", "value"]
+    assert watched.__dict__ == {"typename": "t/v", "has_value": True, "value": b"v"}
+    record = b"\x1a\x03out\x12\x01v"
+    values = [_SubTyped(KAFKA_PRODUCER_RECORD, record), _PlainTyped(KAFKA_PRODUCER_RECORD, record)]
+    assert COMPILED.kafka_rows(values, KAFKA_PRODUCER_RECORD) == [("out", None, b"v", None)] * 2
+
+
+@given(waiting=st.integers(0, 12), room=st.integers(-1, 14), before=st.integers(0, 3))
+def test_a_batch_takes_from_its_mailbox_as_one_popleft_at_a_time(
+    waiting: int, room: int, before: int
+) -> None:
+    mailbox: deque[Any] = deque(range(waiting))
+    batch: list[Any] = list(range(-before, 0))
+    expected_mailbox, expected_batch = deque(mailbox), list(batch)
+    left = room
+    while expected_mailbox and left > 0:
+        expected_batch.append(expected_mailbox.popleft())
+        left -= 1
+    same = mailbox
+    _dispatcher._take(mailbox, room, batch)
+    assert (mailbox, batch) == (expected_mailbox, expected_batch)
+    assert mailbox is same
+
+
+@needs_compiled
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(st.tuples(_typed_values, st.booleans()), max_size=8))
+def test_a_request_has_the_bytes_the_python_loop_gives(
+    monkeypatch: pytest.MonkeyPatch, values: list[tuple[Any, bool]]
+) -> None:
+    assert COMPILED is not None
+    batch = []
+    for typed, ahead in values:
+        envelope = Envelope(_FUNCTION, "k", typed, None)
+        if ahead:
+            envelope.wire = invocation(envelope)
+        batch.append(envelope)
+    requests = []
+    for wires in (None, COMPILED.invocation_wires):
+        monkeypatch.setattr(_remote, "_invocation_wires", wires)
+        requests.append(encode_to_function(_FUNCTION, "k", [("n", "t/v", None)], batch))
+    assert requests[1] == requests[0]
