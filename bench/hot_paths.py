@@ -14,8 +14,10 @@ this process, on the same records as that benchmark (value ``b"<topic> <ns>"`` t
   emit     the egress records handed to a Kafka egress (``KafkaSink.write_many``: decoded
            into rows for the producer thread; nothing is sent)
 
-Each figure is the best of ``--repeat`` rounds, in microseconds per record. Compare two
-commits by running it on both (the figures move by a few percent from run to run).
+Each figure is the best of ``--repeat`` rounds, in microseconds per record, for this process's
+loops (compiled where ``statefun/_hotloops.c`` is built) and, measured turn about, for a process
+whose loops run as Python (``PYSTATEFUN_NO_EXTENSIONS=1``), with the ratio. Compare two commits
+by running it on both (the figures move by a few percent from run to run).
 
     .venv/bin/python bench/hot_paths.py
     .venv/bin/python bench/hot_paths.py --rounds 100 --repeat 3   # quicker
@@ -29,7 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from collections import deque
@@ -44,6 +49,7 @@ import confluent_kafka  # noqa: E402
 
 from bench._common import SMOKE_HELP, progress, smoke_banner  # noqa: E402
 from bench._jvm_counter import functions  # noqa: E402
+from statefun._compiled import NO_EXTENSIONS_VARIABLE, hot_loops  # noqa: E402
 from statefun._keygroups import key_group_for  # noqa: E402
 from statefun._settings import Settings  # noqa: E402
 from statefun.egress.kafka import KafkaSink  # noqa: E402
@@ -67,6 +73,7 @@ STAMP = b"bench-out-0 1733241234567890123"
 BATCH = 1_000
 #: the runtime's young-generation threshold while it runs (Job._start)
 RUNTIME_GC_THRESHOLD = (50_000, 20, 100)
+REPLY_STEPS = ("decode", "apply", "emit")
 
 
 def new_job() -> tuple[Job, KafkaSink, RemoteFunction]:
@@ -146,35 +153,75 @@ def time_reply(rounds: int) -> dict[str, float]:
     return {step: seconds / (rounds * BATCH) for step, seconds in spent.items()}
 
 
+async def measure(rounds: int) -> dict[str, float]:
+    """Seconds per record of each step, this process's loops, one measurement."""
+    gc.set_threshold(*RUNTIME_GC_THRESHOLD)  # as the runtime collects (runtime/_job.py)
+    return {
+        "route, one hot key": await time_route(1, rounds),
+        "route, 1,000 keys": await time_route(BATCH, rounds),
+        **time_reply(rounds),
+    }
+
+
+def measure_python_loops(rounds: int) -> dict[str, float]:
+    """The same measurement in a process whose hot loops run as Python (the peer)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--loops", "python", "--rounds", str(rounds)],
+        env={**os.environ, NO_EXTENSIONS_VARIABLE: "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    found: dict[str, float] = json.loads(out.stdout)
+    return found
+
+
+def _add_reply(best: dict[str, float]) -> dict[str, float]:
+    return {**best, "reply (decode + apply + emit)": sum(best[s] for s in REPLY_STEPS)}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300, help="batches per measurement")
     parser.add_argument("--repeat", type=int, default=5, help="measurements; the best counts")
+    parser.add_argument(
+        "--loops",
+        choices=("both", "python"),
+        default="both",
+        help="both: this process's loops (compiled where built) and, turn about, a process "
+        "with the Python ones; python: one measurement of the latter, as JSON (the peer)",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.loops == "python":
+        print(json.dumps(await measure(args.rounds)))
+        return
     if args.smoke:
         args.rounds, args.repeat = 3, 1
-    gc.set_threshold(*RUNTIME_GC_THRESHOLD)  # as the runtime collects (runtime/_job.py)
     best: dict[str, float] = {}
+    peer: dict[str, float] = {}
     for attempt in range(1, args.repeat + 1):
         progress(f"round {attempt}/{args.repeat}")
-        found = {
-            "route, one hot key": await time_route(1, args.rounds),
-            "route, 1,000 keys": await time_route(BATCH, args.rounds),
-            **time_reply(args.rounds),
-        }
-        for step, seconds in found.items():
-            best[step] = min(best.get(step, float("inf")), seconds)
+        for found, into in (
+            (await measure(args.rounds), best),
+            (measure_python_loops(args.rounds), peer),
+        ):
+            for step, seconds in found.items():
+                into[step] = min(into.get(step, float("inf")), seconds)
     if args.smoke:
         smoke_banner()
+    compiled = "compiled" if hot_loops is not None else "not built here: Python"
     print(f"Python {platform.python_version()}; best of {args.repeat} x {args.rounds} batches")
     print()
-    print("| step | us per record |")
-    print("|---|---:|")
-    for step, seconds in best.items():
-        print(f"| {step} | {seconds * 1e6:.2f} |")
-    reply = sum(best[s] for s in ("decode", "apply", "emit"))
-    print(f"| reply (decode + apply + emit) | {reply * 1e6:.2f} |")
+    print(f"| step | us per record ({compiled}) | Python loops | Python / this |")
+    print("|---|---:|---:|---:|")
+    ours, theirs = _add_reply(best), _add_reply(peer)
+    for step, seconds in ours.items():
+        print(
+            f"| {step} | {seconds * 1e6:.2f} | {theirs[step] * 1e6:.2f} "
+            f"| {theirs[step] / seconds:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

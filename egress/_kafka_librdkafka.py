@@ -19,11 +19,12 @@ librdkafka holds are bounded. librdkafka's own log lines go to this module's log
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka
 
+from statefun._compiled import hot_loops
 from statefun._exceptions import ConfigurationError
 from statefun._kafka import librdkafka_config
 from statefun._kafka._throttle import Throttle
@@ -63,6 +64,13 @@ _SAID_AS = {
     "message.max.bytes": "max.request.size",
     "socket.send.buffer.bytes": "send.buffer.bytes",
 }
+#: Sender.send's loop, compiled (statefun/_hotloops.c), when built; what it leaves to the code
+#: here when ``produce`` raises it
+_produce_rows: (
+    Callable[[Any, list[Row], int, tuple[type[BaseException], ...]], tuple[int, Any]] | None
+) = None if hot_loops is None else hot_loops.produce_rows
+_REFUSED = (BufferError, confluent_kafka.KafkaException)
+
 #: properties of the exactly-once producers only: they change nothing here
 _OWN_PROPERTIES = frozenset({"transactional.id", "transaction.timeout.ms"})
 #: records librdkafka holds before a send waits for room (its defaults: 100,000 and 1 GiB)
@@ -144,22 +152,35 @@ class Sender:
         ConnectionError naming its topic; the rows before it are sent."""
         producer = self._producer
         produce = producer.produce
-        for topic, key, value, headers in rows:
-            while True:
-                try:
-                    if headers is None:
-                        produce(topic, value, key)
-                    else:
-                        # (a list of (str, bytes): what it takes, though typed invariant)
-                        produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
+        compiled = _produce_rows
+        listed = rows if isinstance(rows, list) else None
+        index, end = 0, len(rows)
+        while index < end:
+            refused: BaseException | None = None
+            if compiled is not None and listed is not None:
+                # the rest below, compiled, for rows without headers: it stops at a row with
+                # headers (sent below), or at one ``produce`` refused, with what it raised
+                index, refused = compiled(produce, listed, index, _REFUSED)
+                if index >= end:
                     break
-                except BufferError:  # full: room comes as the broker acknowledges
-                    producer.poll(0.05)
-                except confluent_kafka.KafkaException as exc:
-                    raise ConnectionError(
-                        f"egress {self.egress_id}: a record for topic {topic} was refused: "
-                        f"{_reason(exc)}"
-                    ) from None
+            topic, key, value, headers = rows[index]
+            try:
+                if refused is not None:
+                    raise refused
+                if headers is None:
+                    produce(topic, value, key)
+                else:
+                    # (a list of (str, bytes): what it takes, though typed invariant)
+                    produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
+            except BufferError:  # full: room comes as the broker acknowledges
+                producer.poll(0.05)
+                continue
+            except confluent_kafka.KafkaException as exc:
+                raise ConnectionError(
+                    f"egress {self.egress_id}: a record for topic {topic} was refused: "
+                    f"{_reason(exc)}"
+                ) from None
+            index += 1
 
     def wait(self, timeout_s: float) -> list[tuple[Any, int]]:
         """Wait until every record sent is acknowledged or failed (at most ``timeout_s``):

@@ -18,6 +18,8 @@
  *                bytes (runtime/_dispatcher.py: group_egress)
  *   invocation_wires  a batch's Invocations, encoded ahead or now
  *                (runtime/_remote.py: encode_to_function)
+ *   produce_rows the Kafka egress's rows handed to librdkafka, on the producer thread
+ *                (egress/_kafka_librdkafka.py: Sender.send)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -501,6 +503,65 @@ invocation_wires(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return wires;
 }
 
+/* ---- produce_rows ---------------------------------------------------------------------- */
+
+PyDoc_STRVAR(produce_rows_doc,
+             "produce_rows(produce, rows, start, refused) -> (int, exception | None)\n\n"
+             "egress/_kafka_librdkafka.py's Sender.send loop, compiled: ``produce(topic, value, "
+             "key)`` for each row (topic, key, value, None) of the list ``rows`` from ``start`` "
+             "on. Stops at the first row it did not hand over: one with headers or not a tuple "
+             "of four (None), or one whose ``produce`` raised one of ``refused`` (that "
+             "exception, for the Python loop to handle as its own call's). Any other exception "
+             "propagates.");
+
+static PyObject *
+produce_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "produce_rows() takes a function, a list, a start "
+                                         "and exception classes");
+        return NULL;
+    }
+    PyObject *produce = args[0], *rows = args[1], *refused = args[3];
+    PyObject *raised = Py_None;
+    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
+    if (index == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (; index >= 0 && index < PyList_GET_SIZE(rows); index++) {
+        PyObject *row = PyList_GET_ITEM(rows, index);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 4 ||
+            PyTuple_GET_ITEM(row, 3) != Py_None) {
+            break;
+        }
+        Py_INCREF(row);
+        PyObject *call[3] = {PyTuple_GET_ITEM(row, 0), PyTuple_GET_ITEM(row, 2),
+                             PyTuple_GET_ITEM(row, 1)};
+        PyObject *done = PyObject_Vectorcall(produce, call, 3, NULL);
+        Py_DECREF(row);
+        if (done == NULL) {
+            if (!PyErr_ExceptionMatches(refused)) {
+                return NULL;
+            }
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            if (value != NULL && traceback != NULL) {
+                PyException_SetTraceback(value, traceback);
+            }
+            Py_XDECREF(type);
+            Py_XDECREF(traceback);
+            if (value == NULL) {
+                return NULL;
+            }
+            PyObject *result = Py_BuildValue("(nN)", index, value);
+            return result;
+        }
+        Py_DECREF(done);
+    }
+    return Py_BuildValue("(nO)", index, raised);
+}
+
 /* ---- kafka_rows ------------------------------------------------------------------------ */
 
 /* A varint at data[*pos] below end: 0 on success, -1 if cut off or longer than 64 bits. */
@@ -973,6 +1034,7 @@ static PyMethodDef methods[] = {
      egress_groups_doc},
     {"invocation_wires", (PyCFunction)(void (*)(void))invocation_wires, METH_FASTCALL,
      invocation_wires_doc},
+    {"produce_rows", (PyCFunction)(void (*)(void))produce_rows, METH_FASTCALL, produce_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

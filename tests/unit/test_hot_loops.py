@@ -18,6 +18,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +28,7 @@ from statefun._compiled import NO_EXTENSIONS_VARIABLE, hot_loops, load_hot_loops
 from statefun._exceptions import MalformedResponseError
 from statefun._keygroups import key_group_for
 from statefun._settings import Settings
+from statefun.egress import _kafka_librdkafka
 from statefun.egress import kafka as kafka_egress
 from statefun.egress.kafka import KAFKA_PRODUCER_RECORD, KafkaSink
 from statefun.ingress import _kafka_runs
@@ -363,7 +365,9 @@ def test_no_reference_is_leaked_on_any_path() -> None:
     envelopes = [Envelope(_FUNCTION, "k", typed, None), Envelope(_FUNCTION, "k", typed, None)]
     envelopes[0].wire = b"ahead"
     watched = [key, value, bad, typed, typed.value, record, record.value, reply, *batch]
-    watched += [*envelopes, envelopes[0].wire]
+    fake = _FakeProducer({2})
+    rows: list[Any] = [("a", "k", b"v", None), ("a", None, b"w", None), ("b", "k", b"x", [])]
+    watched += [*envelopes, envelopes[0].wire, *rows]
 
     def failing_append(_: Any) -> None:
         raise RuntimeError("full")
@@ -390,6 +394,10 @@ def test_no_reference_is_leaked_on_any_path() -> None:
         COMPILED.kafka_rows([record, typed], KAFKA_PRODUCER_RECORD)
         COMPILED.egress_groups(reply, TypedValue)
         COMPILED.invocation_wires(envelopes, invocation)
+        fake.calls = 1  # (its second call: the queue is full)
+        COMPILED.produce_rows(fake.produce, rows, 0, (BufferError,))
+        COMPILED.produce_rows(fake.produce, rows, 0, (BufferError,))
+        fake.taken.clear()
         COMPILED.egress_groups(reply + b"\x5b", TypedValue)  # (None, after some records)
 
     every_path()
@@ -602,3 +610,65 @@ def test_a_request_has_the_bytes_the_python_loop_gives(
         monkeypatch.setattr(_remote, "_invocation_wires", wires)
         requests.append(encode_to_function(_FUNCTION, "k", [("n", "t/v", None)], batch))
     assert requests[1] == requests[0]
+
+
+# -- the Kafka egress's sends on the producer thread --------------------------------------------
+
+
+class _FakeProducer:
+    """librdkafka's producer as Sender.send calls it: the records it took, its polls, a full
+    queue at given calls, a refusal for one topic."""
+
+    def __init__(self, full_at: set[int]) -> None:
+        self.calls = 0
+        self.full_at = full_at
+        self.taken: list[Any] = []
+        self.polls = 0
+
+    def produce(self, topic: str, value: Any, key: Any, headers: Any = None) -> None:
+        self.calls += 1
+        if self.calls in self.full_at:
+            raise BufferError("queue full")
+        if topic == "refused":
+            raise confluent_kafka.KafkaException("MSG_SIZE_TOO_LARGE")
+        self.taken.append((topic, key, value, headers))
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        return 0
+
+
+_rows = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "a", "b", "refused"]),
+        st.sampled_from(["k", None]),
+        st.sampled_from([b"v", None]),
+        st.sampled_from([None, None, None, [("h", b"1")]]),
+    ),
+    max_size=10,
+)
+
+
+@needs_compiled
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=_rows, full_at=st.sets(st.integers(1, 12), max_size=4))
+def test_rows_are_sent_as_the_python_loop_sends_them(
+    monkeypatch: pytest.MonkeyPatch, rows: list[Any], full_at: set[int]
+) -> None:
+    assert COMPILED is not None
+    outcomes = []
+    for loop in (None, COMPILED.produce_rows):
+        monkeypatch.setattr(_kafka_librdkafka, "_produce_rows", loop)
+        sender = object.__new__(_kafka_librdkafka.Sender)
+        sender.egress_id = "e/out"
+        producer = _FakeProducer(full_at)
+        sender._producer = producer  # type: ignore[assignment]
+        try:
+            sender.send(rows)
+            error = None
+        except ConnectionError as exc:
+            error = str(exc)
+        outcomes.append((producer.taken, producer.polls, producer.calls, error))
+    assert outcomes[1] == outcomes[0]
