@@ -101,8 +101,8 @@ _new_object = object.__new__
 _mailbox_run: Callable[..., tuple[int, int]] | None = (
     None if hot_loops is None else hot_loops.mailbox_run
 )
-#: a reply's egress records grouped per egress id from its bytes, compiled, when built: the
-#: loop of Dispatcher._apply_remote over protobuf's objects
+#: a reply's egress records grouped per egress id from its bytes, compiled, when built: what
+#: group_egress reads from protobuf's objects
 _egress_groups: Callable[[bytes, type], dict[str, list[Any]] | None] | None = (
     None if hot_loops is None else hot_loops.egress_groups
 )
