@@ -35,6 +35,14 @@ call1(PyObject *fn, PyObject *arg)
     return PyObject_Vectorcall(fn, &arg, 1, NULL);
 }
 
+/* An int argument as a Py_ssize_t: 0, or -1 with the error set. */
+static int
+as_size(PyObject *number, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(number);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* A new instance of ``cls`` without its __init__ (as object.__new__(cls)). */
 static PyObject *
 new_bare(PyTypeObject *cls)
@@ -166,11 +174,11 @@ kafka_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *batch = args[0];
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     PyObject *key_of = args[2], *value_of = args[3], *partition_of = args[4];
     PyObject *topic_of = args[5], *value_type = args[6], *validate = args[7];
     PyObject *typed_cls = args[8], *caught = args[9];
-    if (start == -1 && PyErr_Occurred()) {
+    Py_ssize_t start;
+    if (as_size(args[1], &start) < 0) {
         return NULL;
     }
     if (!PyList_Check(batch) || !PyType_Check(typed_cls)) {
@@ -371,20 +379,9 @@ mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *append = args[0], *messages = args[1], *id = args[4], *typename = args[5];
     PyObject *envelope_cls = args[6], *encoding = args[7];
-    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t stop = PyLong_AsSsize_t(args[3]);
-    if (stop == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t size = PyLong_AsSsize_t(args[8]);
-    if (size == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t limit = PyLong_AsSsize_t(args[9]);
-    if (limit == -1 && PyErr_Occurred()) {
+    Py_ssize_t start, stop, size, limit;
+    if (as_size(args[2], &start) < 0 || as_size(args[3], &stop) < 0 ||
+        as_size(args[8], &size) < 0 || as_size(args[9], &limit) < 0) {
         return NULL;
     }
     if (!PyList_Check(messages) || !PyType_Check(envelope_cls) || !PyTuple_Check(encoding) ||
@@ -395,8 +392,8 @@ mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *value_type = PyTuple_GET_ITEM(encoding, 0);
     PyObject *prefixes = PyTuple_GET_ITEM(encoding, 1);
-    Py_ssize_t prefix_limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(encoding, 2));
-    if (prefix_limit == -1 && PyErr_Occurred()) {
+    Py_ssize_t prefix_limit;
+    if (as_size(PyTuple_GET_ITEM(encoding, 2), &prefix_limit) < 0) {
         return NULL;
     }
     PyObject *fallback = PyTuple_GET_ITEM(encoding, 3);
@@ -524,8 +521,8 @@ produce_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *produce = args[0], *rows = args[1], *refused = args[3];
     PyObject *raised = Py_None;
-    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
-    if (index == -1 && PyErr_Occurred()) {
+    Py_ssize_t index;
+    if (as_size(args[2], &index) < 0) {
         return NULL;
     }
     for (; index >= 0 && index < PyList_GET_SIZE(rows); index++) {
