@@ -89,19 +89,7 @@ def _compiled_messages(
     validate: Callable[[bytes], Any] | None,
 ) -> list[tuple[str, TypedValue]]:
     """``python_messages``, compiled (the same results)."""
-    key_of, value_of, partition_of, topic_of = fields
-    return _kafka_run(
-        batch,
-        start,
-        key_of,
-        value_of,
-        partition_of,
-        topic_of,
-        value_type,
-        validate,
-        TypedValue,
-        _NOT_A_MESSAGE,
-    )
+    return _kafka_run(batch, start, *fields, value_type, validate, TypedValue, _NOT_A_MESSAGE)
 
 
 #: the run reader the ingress calls

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from types import ModuleType
 
 __all__ = ["NO_EXTENSIONS_VARIABLE", "hot_loops", "load_hot_loops"]
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 NO_EXTENSIONS_VARIABLE = "PYSTATEFUN_NO_EXTENSIONS"
 
 
-def load_hot_loops(environ: dict[str, str] | os._Environ[str] | None = None) -> ModuleType | None:
+def load_hot_loops(environ: Mapping[str, str] | None = None) -> ModuleType | None:
     """The extension module, or None: not built here, or turned off."""
     environ = os.environ if environ is None else environ
     if environ.get(NO_EXTENSIONS_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):

@@ -35,6 +35,17 @@ call1(PyObject *fn, PyObject *arg)
     return PyObject_Vectorcall(fn, &arg, 1, NULL);
 }
 
+/* 0 if ``nargs`` is ``expected``, else -1 with a TypeError naming ``name``. */
+static int
+check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t expected)
+{
+    if (nargs == expected) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, expected, nargs);
+    return -1;
+}
+
 /* An int argument as a Py_ssize_t: 0, or -1 with the error set. */
 static int
 as_size(PyObject *number, Py_ssize_t *out)
@@ -60,7 +71,6 @@ new_bare(PyTypeObject *cls)
 
 typedef struct {
     PyTypeObject *cls;
-    int count;
     PyObject *names[LAYOUT_MAX];
     Py_ssize_t offsets[LAYOUT_MAX]; /* -1: by name */
 } Layout;
@@ -69,7 +79,6 @@ static void
 layout_of(Layout *layout, PyTypeObject *cls, PyObject *const *names, int count)
 {
     layout->cls = cls;
-    layout->count = count;
     int generic = cls->tp_getattro == PyObject_GenericGetAttr &&
                   cls->tp_setattro == PyObject_GenericSetAttr;
     for (int i = 0; i < count; i++) {
@@ -169,8 +178,7 @@ PyDoc_STRVAR(kafka_run_doc,
 static PyObject *
 kafka_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "kafka_run() takes 10 arguments");
+    if (check_nargs("kafka_run", nargs, 10) < 0) {
         return NULL;
     }
     PyObject *batch = args[0];
@@ -309,7 +317,7 @@ error:
 
 /* ---- mailbox_run ----------------------------------------------------------------------- */
 
-/* The Invocation of ``typed`` as runtime/_remote.py's ingress_encoder() makes it: its
+/* The Invocation of ``typed`` as runtime/_remote.py's ingress_encoding() encodes it: its
  * prefix by the value's length and the value's bytes, or (any other value) the fallback's. */
 static PyObject *
 encode_invocation(const Layout *typed_layout, PyObject *typed, PyObject *value_type,
@@ -373,8 +381,7 @@ PyDoc_STRVAR(mailbox_run_doc,
 static PyObject *
 mailbox_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "mailbox_run() takes 10 arguments");
+    if (check_nargs("mailbox_run", nargs, 10) < 0) {
         return NULL;
     }
     PyObject *append = args[0], *messages = args[1], *id = args[4], *typename = args[5];
@@ -520,7 +527,6 @@ produce_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *produce = args[0], *rows = args[1], *refused = args[3];
-    PyObject *raised = Py_None;
     Py_ssize_t index;
     if (as_size(args[2], &index) < 0) {
         return NULL;
@@ -551,15 +557,14 @@ produce_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (value == NULL) {
                 return NULL;
             }
-            PyObject *result = Py_BuildValue("(nN)", index, value);
-            return result;
+            return Py_BuildValue("(nN)", index, value);
         }
         Py_DECREF(done);
     }
-    return Py_BuildValue("(nO)", index, raised);
+    return Py_BuildValue("(nO)", index, Py_None);
 }
 
-/* ---- kafka_rows ------------------------------------------------------------------------ */
+/* ---- protobuf's wire format, and text made once per run of the same bytes ---------------- */
 
 /* A varint at data[*pos] below end: 0 on success, -1 if cut off or longer than 64 bits. */
 static int
@@ -579,153 +584,6 @@ read_varint(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, unsigned
     }
     return -1;
 }
-
-/* A KafkaProducerRecord's three fields (key 1, value_bytes 2, topic 3; each string or bytes,
- * the last of each counts). 0: parsed; -1: anything else (another field or wire type, bytes
- * cut off), which the Python code then reads and judges. */
-static int
-parse_producer_record(const unsigned char *data, Py_ssize_t size, Py_ssize_t starts[4],
-                      Py_ssize_t lengths[4])
-{
-    Py_ssize_t pos = 0;
-    for (int field = 1; field <= 3; field++) {
-        starts[field] = 0;
-        lengths[field] = 0;
-    }
-    while (pos < size) {
-        unsigned long long tag, length;
-        if (read_varint(data, size, &pos, &tag) < 0) {
-            return -1;
-        }
-        unsigned long long field = tag >> 3;
-        if ((tag & 7) != 2 || field < 1 || field > 3) {
-            return -1;
-        }
-        if (read_varint(data, size, &pos, &length) < 0 ||
-            length > (unsigned long long)(size - pos)) {
-            return -1;
-        }
-        starts[field] = pos;
-        lengths[field] = (Py_ssize_t)length;
-        pos += (Py_ssize_t)length;
-    }
-    return 0;
-}
-
-PyDoc_STRVAR(kafka_rows_doc,
-             "kafka_rows(values, typename) -> list | None\n\n"
-             "KafkaSink.write_many's usual case, compiled: (topic, key or None, value, None) "
-             "for each typed value of the list ``values``, each a KafkaProducerRecord of type "
-             "``typename`` with a topic; None when any is not (the Python code then decides).");
-
-static PyObject *
-kafka_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "kafka_rows() takes 2 arguments");
-        return NULL;
-    }
-    PyObject *values = args[0], *expected = args[1];
-    if (!PyList_Check(values)) {
-        Py_RETURN_NONE;
-    }
-    PyObject *rows = PyList_New(0);
-    if (rows == NULL) {
-        return NULL;
-    }
-    /* consecutive records mostly share their topic: its str is made once for them */
-    PyObject *topic = NULL, *topic_bytes = NULL;
-    Py_ssize_t topic_start = 0, topic_length = 0;
-    Layout typed_layout; /* (the values are mostly of one class: the first one's) */
-    typed_value_layout(&typed_layout, PyList_GET_SIZE(values)
-                                          ? Py_TYPE(PyList_GET_ITEM(values, 0))
-                                          : &PyBaseObject_Type);
-    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(values); index++) {
-        PyObject *typed = Py_NewRef(PyList_GET_ITEM(values, index));
-        PyObject *typename = layout_get(&typed_layout, typed, TV_TYPENAME);
-        int same = typename == NULL ? -1 : PyObject_RichCompareBool(typename, expected, Py_EQ);
-        Py_XDECREF(typename);
-        PyObject *value = same > 0 ? layout_get(&typed_layout, typed, TV_VALUE) : NULL;
-        Py_DECREF(typed);
-        if (same < 0 || (same > 0 && value == NULL)) {
-            goto error;
-        }
-        if (!same || !PyBytes_CheckExact(value)) {
-            Py_XDECREF(value);
-            goto other;
-        }
-        Py_ssize_t starts[4], lengths[4];
-        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(value);
-        if (parse_producer_record(data, PyBytes_GET_SIZE(value), starts, lengths) < 0 ||
-            lengths[3] == 0) {
-            Py_DECREF(value);
-            goto other;
-        }
-        const char *text = (const char *)data;
-        if (topic == NULL || topic_length != lengths[3] ||
-            memcmp(PyBytes_AS_STRING(topic_bytes) + topic_start, text + starts[3],
-                   lengths[3]) != 0) {
-            PyObject *decoded = PyUnicode_DecodeUTF8(text + starts[3], lengths[3], NULL);
-            if (decoded == NULL) {
-                Py_DECREF(value);
-                PyErr_Clear();
-                goto other;
-            }
-            Py_XSETREF(topic, decoded);
-            Py_XSETREF(topic_bytes, Py_NewRef(value));
-            topic_start = starts[3];
-            topic_length = lengths[3];
-        }
-        PyObject *key;
-        if (lengths[1] == 0) {
-            key = Py_NewRef(Py_None);
-        }
-        else {
-            key = PyUnicode_DecodeUTF8(text + starts[1], lengths[1], NULL);
-            if (key == NULL) {
-                Py_DECREF(value);
-                PyErr_Clear();
-                goto other;
-            }
-        }
-        PyObject *payload = PyBytes_FromStringAndSize(text + starts[2], lengths[2]);
-        Py_DECREF(value);
-        if (payload == NULL) {
-            Py_DECREF(key);
-            goto error;
-        }
-        PyObject *row = PyTuple_New(4);
-        if (row == NULL) {
-            Py_DECREF(key);
-            Py_DECREF(payload);
-            goto error;
-        }
-        PyTuple_SET_ITEM(row, 0, Py_NewRef(topic));
-        PyTuple_SET_ITEM(row, 1, key);
-        PyTuple_SET_ITEM(row, 2, payload);
-        PyTuple_SET_ITEM(row, 3, Py_NewRef(Py_None));
-        int failed = PyList_Append(rows, row);
-        Py_DECREF(row);
-        if (failed) {
-            goto error;
-        }
-    }
-    Py_XDECREF(topic);
-    Py_XDECREF(topic_bytes);
-    return rows;
-other:
-    Py_XDECREF(topic);
-    Py_XDECREF(topic_bytes);
-    Py_DECREF(rows);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(topic);
-    Py_XDECREF(topic_bytes);
-    Py_DECREF(rows);
-    return NULL;
-}
-
-/* ---- egress_groups --------------------------------------------------------------------- */
 
 /* One field of a protobuf message at data[*pos]: its number and wire type, and for a
  * length-delimited field where its bytes are. 0: read (pos after it); -1: cut off or a wire
@@ -776,6 +634,172 @@ read_field(const unsigned char *data, Py_ssize_t end, Py_ssize_t *pos, Field *fi
         return -1;
     }
 }
+
+/* The str of the last UTF-8 bytes decoded, for the next ones that are the same (consecutive
+ * records mostly share their topic, egress id and type name). */
+typedef struct {
+    PyObject *text;  /* NULL: none yet */
+    PyObject *owner; /* a reference to what holds ``data`` (NULL: the caller keeps it) */
+    const unsigned char *data;
+    Py_ssize_t length;
+} TextCache;
+
+/* The str of data[0:length] (a new reference), or NULL with UnicodeDecodeError set. */
+static PyObject *
+cached_text(TextCache *cache, const unsigned char *data, Py_ssize_t length, PyObject *owner)
+{
+    if (cache->text != NULL && cache->length == length &&
+        memcmp(cache->data, data, length) == 0) {
+        return Py_NewRef(cache->text);
+    }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)data, length, NULL);
+    if (text == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(cache->text, Py_NewRef(text));
+    Py_XSETREF(cache->owner, Py_XNewRef(owner));
+    cache->data = data;
+    cache->length = length;
+    return text;
+}
+
+static void
+text_cache_clear(TextCache *cache)
+{
+    Py_CLEAR(cache->text);
+    Py_CLEAR(cache->owner);
+}
+
+/* ---- kafka_rows ------------------------------------------------------------------------ */
+
+/* A KafkaProducerRecord's three fields (key 1, value_bytes 2, topic 3; each string or bytes,
+ * the last of each counts). 0: parsed; -1: anything else (another field or wire type, bytes
+ * cut off), which the Python code then reads and judges. */
+static int
+parse_producer_record(const unsigned char *data, Py_ssize_t size, Py_ssize_t starts[4],
+                      Py_ssize_t lengths[4])
+{
+    Py_ssize_t pos = 0;
+    Field field;
+    for (int number = 1; number <= 3; number++) {
+        starts[number] = 0;
+        lengths[number] = 0;
+    }
+    while (pos < size) {
+        if (read_field(data, size, &pos, &field) < 0 || field.wire_type != 2 ||
+            field.number < 1 || field.number > 3) {
+            return -1;
+        }
+        starts[field.number] = field.start;
+        lengths[field.number] = field.length;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(kafka_rows_doc,
+             "kafka_rows(values, typename) -> list | None\n\n"
+             "KafkaSink.write_many's usual case, compiled: (topic, key or None, value, None) "
+             "for each typed value of the list ``values``, each a KafkaProducerRecord of type "
+             "``typename`` with a topic; None when any is not (the Python code then decides).");
+
+static PyObject *
+kafka_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("kafka_rows", nargs, 2) < 0) {
+        return NULL;
+    }
+    PyObject *values = args[0], *expected = args[1];
+    if (!PyList_Check(values)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL) {
+        return NULL;
+    }
+    TextCache topics = {0};
+    PyObject *topic = NULL;
+    Layout typed_layout; /* (the values are mostly of one class: the first one's) */
+    typed_value_layout(&typed_layout, PyList_GET_SIZE(values)
+                                          ? Py_TYPE(PyList_GET_ITEM(values, 0))
+                                          : &PyBaseObject_Type);
+    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(values); index++) {
+        PyObject *typed = Py_NewRef(PyList_GET_ITEM(values, index));
+        PyObject *typename = layout_get(&typed_layout, typed, TV_TYPENAME);
+        int same = typename == NULL ? -1 : PyObject_RichCompareBool(typename, expected, Py_EQ);
+        Py_XDECREF(typename);
+        PyObject *value = same > 0 ? layout_get(&typed_layout, typed, TV_VALUE) : NULL;
+        Py_DECREF(typed);
+        if (same < 0 || (same > 0 && value == NULL)) {
+            goto error;
+        }
+        if (!same || !PyBytes_CheckExact(value)) {
+            Py_XDECREF(value);
+            goto other;
+        }
+        Py_ssize_t starts[4], lengths[4];
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(value);
+        if (parse_producer_record(data, PyBytes_GET_SIZE(value), starts, lengths) < 0 ||
+            lengths[3] == 0) {
+            Py_DECREF(value);
+            goto other;
+        }
+        const char *text = (const char *)data;
+        Py_XSETREF(topic, cached_text(&topics, data + starts[3], lengths[3], value));
+        if (topic == NULL) {
+            Py_DECREF(value);
+            PyErr_Clear();
+            goto other;
+        }
+        PyObject *key;
+        if (lengths[1] == 0) {
+            key = Py_NewRef(Py_None);
+        }
+        else {
+            key = PyUnicode_DecodeUTF8(text + starts[1], lengths[1], NULL);
+            if (key == NULL) {
+                Py_DECREF(value);
+                PyErr_Clear();
+                goto other;
+            }
+        }
+        PyObject *payload = PyBytes_FromStringAndSize(text + starts[2], lengths[2]);
+        Py_DECREF(value);
+        if (payload == NULL) {
+            Py_DECREF(key);
+            goto error;
+        }
+        PyObject *row = PyTuple_New(4);
+        if (row == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(payload);
+            goto error;
+        }
+        PyTuple_SET_ITEM(row, 0, Py_NewRef(topic));
+        PyTuple_SET_ITEM(row, 1, key);
+        PyTuple_SET_ITEM(row, 2, payload);
+        PyTuple_SET_ITEM(row, 3, Py_NewRef(Py_None));
+        int failed = PyList_Append(rows, row);
+        Py_DECREF(row);
+        if (failed) {
+            goto error;
+        }
+    }
+    Py_XDECREF(topic);
+    text_cache_clear(&topics);
+    return rows;
+other:
+    Py_XDECREF(topic);
+    text_cache_clear(&topics);
+    Py_DECREF(rows);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(topic);
+    text_cache_clear(&topics);
+    Py_DECREF(rows);
+    return NULL;
+}
+
+/* ---- egress_groups --------------------------------------------------------------------- */
 
 /* An EgressMessage's fields (its argument's merged from each occurrence, as protobuf merges
  * a message field that appears more than once). */
@@ -848,82 +872,70 @@ parse_egress(const unsigned char *data, Py_ssize_t start, Py_ssize_t end, Egress
     return 0;
 }
 
-/* The str of data[start:start + length], the previous one's if the bytes are the same. */
-static PyObject *
-cached_text(const unsigned char *data, Py_ssize_t start, Py_ssize_t length,
-            const unsigned char **last_data, Py_ssize_t *last_start, Py_ssize_t *last_length,
-            PyObject **last)
+/* What consecutive egress records share: their ids' parts, the id made of the last two, and
+ * their type names. */
+typedef struct {
+    TextCache namespaces, types, typenames;
+    PyObject *id, *id_namespace, *id_type; /* the last id and the two parts it was made of */
+} EgressTexts;
+
+static void
+egress_texts_clear(EgressTexts *texts)
 {
-    if (*last != NULL && *last_length == length &&
-        memcmp(*last_data + *last_start, data + start, length) == 0) {
-        return Py_NewRef(*last);
+    text_cache_clear(&texts->namespaces);
+    text_cache_clear(&texts->types);
+    text_cache_clear(&texts->typenames);
+    Py_CLEAR(texts->id);
+    Py_CLEAR(texts->id_namespace);
+    Py_CLEAR(texts->id_type);
+}
+
+/* The egress id "namespace/type" of ``egress`` (a new reference); NULL with an error set:
+ * UnicodeDecodeError (not the usual case), or another. */
+static PyObject *
+egress_id(EgressTexts *texts, const unsigned char *data, const Egress *egress)
+{
+    PyObject *ns = cached_text(&texts->namespaces, data + egress->ns_start, egress->ns_length,
+                               NULL);
+    PyObject *type = ns == NULL ? NULL
+                                : cached_text(&texts->types, data + egress->type_start,
+                                              egress->type_length, NULL);
+    PyObject *id = NULL;
+    if (type != NULL) {
+        if (texts->id != NULL && ns == texts->id_namespace && type == texts->id_type) {
+            id = Py_NewRef(texts->id);
+        }
+        else if ((id = PyUnicode_FromFormat("%U/%U", ns, type)) != NULL) {
+            Py_XSETREF(texts->id, Py_NewRef(id));
+            Py_XSETREF(texts->id_namespace, Py_NewRef(ns));
+            Py_XSETREF(texts->id_type, Py_NewRef(type));
+        }
     }
-    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, length, NULL);
-    if (text == NULL) {
-        return NULL;
-    }
-    Py_XSETREF(*last, Py_NewRef(text));
-    *last_data = data;
-    *last_start = start;
-    *last_length = length;
-    return text;
+    Py_XDECREF(ns);
+    Py_XDECREF(type);
+    return id;
 }
 
 /* Append the egress message to its egress id's list in ``groups``: 0, or -1 with an error
  * set, or 1: not the usual case (an egress id with a part missing, text not UTF-8). */
 static int
-group_egress(PyObject *groups, const unsigned char *data, Egress *egress,
-             const Layout *typed_layout,
-             PyObject **last_id, const unsigned char **id_data, Py_ssize_t *id_start,
-             Py_ssize_t *id_length, PyObject **last_typename, const unsigned char **tn_data,
-             Py_ssize_t *tn_start, Py_ssize_t *tn_length)
+group_egress(PyObject *groups, const unsigned char *data, const Egress *egress,
+             const Layout *typed_layout, EgressTexts *texts)
 {
     if (egress->ns_length == 0 || egress->type_length == 0) {
         return 1; /* (the Python code refuses the reply, saying why) */
     }
-    /* "namespace/type": the two parts are apart in the bytes, so the id is compared as the
-     * previous one's parts */
-    PyObject *id;
-    Py_ssize_t total = egress->ns_length + 1 + egress->type_length;
-    if (*last_id != NULL && *id_length == total && (*id_data)[egress->ns_length] == '/' &&
-        memcmp(*id_data + *id_start, data + egress->ns_start, egress->ns_length) == 0 &&
-        memcmp(*id_data + *id_start + egress->ns_length + 1, data + egress->type_start,
-               egress->type_length) == 0) {
-        id = Py_NewRef(*last_id);
-    }
-    else {
-        PyObject *ns = PyUnicode_DecodeUTF8((const char *)data + egress->ns_start,
-                                            egress->ns_length, NULL);
-        PyObject *type = ns == NULL ? NULL
-                                    : PyUnicode_DecodeUTF8((const char *)data + egress->type_start,
-                                                           egress->type_length, NULL);
-        if (type == NULL) {
-            Py_XDECREF(ns);
+    PyObject *id = egress_id(texts, data, egress);
+    PyObject *typename = id == NULL ? NULL
+                                    : cached_text(&texts->typenames, data + egress->typename_start,
+                                                  egress->typename_length, NULL);
+    if (typename == NULL) {
+        Py_XDECREF(id);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
             PyErr_Clear();
             return 1;
         }
-        id = PyUnicode_FromFormat("%U/%U", ns, type);
-        Py_DECREF(ns);
-        Py_DECREF(type);
-        if (id == NULL) {
-            return -1;
-        }
-        /* remember the parts: kept as "ns/type" bytes of this id, compared part by part */
-        Py_XSETREF(*last_id, Py_NewRef(id));
-        *id_data = (const unsigned char *)PyUnicode_AsUTF8(id);
-        *id_start = 0;
-        *id_length = total;
-        if (*id_data == NULL) {
-            Py_DECREF(id);
-            return -1;
-        }
-    }
-    PyObject *typename = cached_text(data, egress->typename_start, egress->typename_length,
-                                     tn_data, tn_start, tn_length, last_typename);
-    if (typename == NULL) {
-        Py_DECREF(id);
-        PyErr_Clear();
-        return 1;
+        return -1;
     }
     /* (the bytes as sent, has_value or not, as protobuf's reading gives them) */
     PyObject *value = PyBytes_FromStringAndSize((const char *)data + egress->value_start,
@@ -974,9 +986,7 @@ egress_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *data = (const unsigned char *)view.buf;
     Py_ssize_t size = view.len, pos = 0;
     PyObject *groups = PyDict_New();
-    PyObject *last_id = NULL, *last_typename = NULL;
-    const unsigned char *id_data = NULL, *tn_data = NULL;
-    Py_ssize_t id_start = 0, id_length = 0, tn_start = 0, tn_length = 0;
+    EgressTexts texts = {0};
     int outcome = groups == NULL ? -1 : 0; /* 0 going, -1 error, 1 not the usual case */
     Field top, inner;
     while (outcome == 0 && pos < size) {
@@ -1004,12 +1014,10 @@ egress_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 outcome = 1;
                 break;
             }
-            outcome = group_egress(groups, data, &egress, &typed_layout, &last_id, &id_data, &id_start,
-                                   &id_length, &last_typename, &tn_data, &tn_start, &tn_length);
+            outcome = group_egress(groups, data, &egress, &typed_layout, &texts);
         }
     }
-    Py_XDECREF(last_id);
-    Py_XDECREF(last_typename);
+    egress_texts_clear(&texts);
     PyBuffer_Release(&view);
     if (outcome == 0) {
         return groups;

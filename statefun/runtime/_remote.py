@@ -65,7 +65,6 @@ __all__ = [
     "RemoteClient",
     "decode_from_function",
     "encode_to_function",
-    "ingress_encoder",
     "ingress_encoding",
     "ingress_invocation",
     "invocation",
@@ -140,8 +139,8 @@ def ingress_invocation(typed: Any) -> bytes:
 
 
 class IngressEncoding(NamedTuple):
-    """How a run of one value type is encoded (``ingress_encoder``), as tables for a compiled
-    loop (``statefun/_hotloops.c``: ``mailbox_run``) to read."""
+    """How a run of one value type is encoded (``ingress_encoding``): ``encode``, and the
+    tables it reads, for the compiled loop (``statefun/_hotloops.c``: ``mailbox_run``)."""
 
     typename: str  # the values' type
     #: by the value's length (1 to ``limit`` - 1): the Invocation's tag and length, the
@@ -182,11 +181,6 @@ def ingress_encoding(typename: str) -> IngressEncoding:
     if len(_encodings) < 1_000:
         _encodings[typename] = encoding
     return encoding
-
-
-def ingress_encoder(typename: str) -> Callable[[Any], bytes]:
-    """The Invocation of a value in a run of ``typename`` (``ingress_encoding``'s ``encode``)."""
-    return ingress_encoding(typename).encode
 
 
 def decode_from_function(data: bytes, typename: str) -> Any:

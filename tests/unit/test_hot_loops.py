@@ -8,11 +8,12 @@ is the extension as built into this install; a machine with a C compiler must ha
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import sys
 import sysconfig
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -52,7 +53,8 @@ def test_an_install_with_a_c_compiler_has_the_compiled_loops() -> None:
     """The build compiles them wherever it can (setup.py): a C compiler and Python's headers
     here mean they must be there, so that the tests below compare both sides."""
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") and headers.exists():
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) and headers.exists():
         assert COMPILED is not None, "statefun/_hotloops.c was not built: see the install log"
 
 
@@ -61,7 +63,7 @@ def test_the_environment_turns_them_off() -> None:
         assert load_hot_loops({NO_EXTENSIONS_VARIABLE: on}) is None
     assert load_hot_loops({NO_EXTENSIONS_VARIABLE: "0"}) is COMPILED
     assert load_hot_loops({}) is COMPILED
-    if NO_EXTENSIONS_VARIABLE not in __import__("os").environ:
+    if NO_EXTENSIONS_VARIABLE not in os.environ:
         assert hot_loops is COMPILED  # (what the runtime chose at import)
 
 
@@ -456,7 +458,7 @@ _result_extras = st.sampled_from(
 )
 
 
-def _reply(egresses: list[bytes], extras: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+def _reply(egresses: list[bytes], extras: Sequence[bytes] = ()) -> bytes:
     result = b"".join(b"\x22" + _varint(len(e)) + e for e in egresses) + b"".join(extras)
     return b"\xa2\x06" + _varint(len(result)) + result
 

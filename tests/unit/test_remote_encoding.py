@@ -6,7 +6,7 @@ from __future__ import annotations
 from statefun.runtime._envelope import Envelope
 from statefun.runtime._remote import (
     encode_to_function,
-    ingress_encoder,
+    ingress_encoding,
     ingress_invocation,
     invocation,
 )
@@ -86,13 +86,14 @@ def test_invocation_is_what_protobuf_writes_at_every_length() -> None:
 
 
 def test_a_runs_encoder_gives_the_bytes_of_ingress_invocation() -> None:
-    """The encoder of a run of one type (``ingress_encoder``: one concatenation per value)
+    """The encoder of a run of one type (``ingress_encoding``: one concatenation per value)
     against the general one: at every length around the one-byte limit, without a value,
     empty, and for values of another type, for short and long typenames (whose head leaves no
     fast path)."""
     for typename in ("a/b", "com.example/" + "t" * 40, "com.example/" + "t" * 130):
-        encode = ingress_encoder(typename)
-        assert ingress_encoder(typename) is encode  # made once per type
+        encoding = ingress_encoding(typename)
+        assert ingress_encoding(typename) is encoding  # made once per type
+        encode = encoding.encode
         for size in [*range(0, 140), 300, 20_000]:
             value = (bytes(range(256)) * (1 + size // 256))[:size]
             for typed in (
