@@ -672,9 +672,9 @@ text_cache_clear(TextCache *cache)
 
 /* ---- kafka_rows ------------------------------------------------------------------------ */
 
-/* A KafkaProducerRecord's three fields (key 1, value_bytes 2, topic 3; each string or bytes,
- * the last of each counts). 0: parsed; -1: anything else (another field or wire type, bytes
- * cut off), which the Python code then reads and judges. */
+/* A KafkaProducerRecord's three fields (key 1, value_bytes 2, topic 3; the last of the bytes
+ * counts, a string at most once). 0: parsed; -1: anything else (another field or wire type, a
+ * string twice, bytes cut off), which the Python code then reads and judges. */
 static int
 parse_producer_record(const unsigned char *data, Py_ssize_t size, Py_ssize_t starts[4],
                       Py_ssize_t lengths[4])
@@ -685,9 +685,14 @@ parse_producer_record(const unsigned char *data, Py_ssize_t size, Py_ssize_t sta
         starts[number] = 0;
         lengths[number] = 0;
     }
+    int seen[4] = {0};
     while (pos < size) {
         if (read_field(data, size, &pos, &field) < 0 || field.wire_type != 2 ||
             field.number < 1 || field.number > 3) {
+            return -1;
+        }
+        /* a string field twice: protobuf checks the UTF-8 of each, this reads the last */
+        if (field.number != 2 && seen[field.number]++) {
             return -1;
         }
         starts[field.number] = field.start;

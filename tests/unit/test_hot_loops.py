@@ -340,6 +340,10 @@ def test_egress_rows_of_a_usual_reply() -> None:
     assert rows == [("out", "k1", b"abc", None), ("out", None, b"z", None)]
     assert rows is not None and rows[0][0] is rows[1][0]  # one topic str for a run of them
     assert COMPILED.kafka_rows([], KAFKA_PRODUCER_RECORD) == []
+    # a string field twice: protobuf checks each (this key is not UTF-8), so the Python code
+    # reads it and rejects the record
+    twice = TypedValue(KAFKA_PRODUCER_RECORD, b"\x0a\x01\xff\x0a\x00\x1a\x01t")
+    assert COMPILED.kafka_rows([twice], KAFKA_PRODUCER_RECORD) is None
     assert COMPILED.kafka_rows([*values, TypedValue("t/other", b"")], KAFKA_PRODUCER_RECORD) is None
 
 
